@@ -1,0 +1,17 @@
+"""``python -m asyncsubs`` and the ``asyncsubs`` console script."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 done, 1 API/transport, 2 usage/config)."""
+    from .cli import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""AdminClient: configuration, the per-request path (limiter -> transport -> protocol), retries."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import aiohttp
+
+from . import _retry
+from ._config import Limits, RetryPolicy
+from ._limiter import Limiter, LimiterStats, StoreLimiter, default_limiter
+from ._models import Customer, Order, Subscription
+from ._pagination import ListEndpoint
+from ._protocol import (
+    USER_AGENT,
+    PageEnvelope,
+    RawResponse,
+    Response,
+    build_request,
+    check_token,
+    clean_path,
+    parse_page,
+    parse_response,
+    parse_retry_after,
+    versioned_base,
+)
+from ._transport import AiohttpTransport, Transport
+from .errors import ConfigError
+
+__all__ = ["AdminClient"]
+
+T = TypeVar("T")
+
+TOKEN_ENV: Final = "ASYNCSUBS_TOKEN"
+BASE_URL_ENV: Final = "ASYNCSUBS_BASE_URL"
+DEFAULT_VERSION: Final = "2026-04"
+DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+
+
+def store_fingerprint(base: str, token: str) -> str:
+    """Default store identity: a one-way hash, so the token cannot be recovered from it."""
+    return "store-" + hashlib.sha256(f"{base}\0{token}".encode()).hexdigest()[:16]
+
+
+class AdminClient:
+    """Client for one store's admin interface.
+
+    Every keyword is optional except ``token`` and ``base_url`` (which may come from
+    ``ASYNCSUBS_TOKEN`` / ``ASYNCSUBS_BASE_URL``). See README.md for the full guide.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        base_url: str | None = None,
+        store: str | None = None,
+        version: str = DEFAULT_VERSION,
+        limits: Limits | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+        limiter: Limiter | None = None,
+        allow_insecure: bool = False,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        transport: Transport | None = None,
+        user_agent: str | None = None,
+    ) -> None:
+        token = os.environ.get(TOKEN_ENV) if token is None else token
+        base_url = os.environ.get(BASE_URL_ENV) if base_url is None else base_url
+        self._token = check_token(token)
+        self._base = versioned_base(base_url or "", version, allow_insecure=allow_insecure)
+        if store is None:
+            store = store_fingerprint(self._base, self._token)
+        elif not isinstance(store, str) or not store.strip():
+            raise ConfigError(f"store must be a non-empty string, got {store!r}")
+        self.store: Final = store
+        self.version: Final = version
+        self.limits: Final = Limits() if limits is None else limits
+        if not isinstance(self.limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        self.retry: Final = RetryPolicy() if retry is None else retry
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout: Final = float(timeout)
+        if session is not None and not isinstance(session, aiohttp.ClientSession):
+            raise ConfigError("session must be an aiohttp.ClientSession")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
+            raise ConfigError("max_response_bytes must be an int")
+        if max_response_bytes <= 0:
+            raise ConfigError("max_response_bytes must be positive")
+        if transport is None:
+            transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
+        self._transport = transport
+        self._limiter = limiter
+        self._store_limiter: StoreLimiter | None = None
+        self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
+        self._closed = False
+        self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
+            self, "subscriptions", Subscription
+        )
+        self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(self, "customers", Customer)
+        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self, "orders", Order)
+
+    def __repr__(self) -> str:
+        return f"<AdminClient store={self.store!r} base={self._base!r}>"
+
+    @property
+    def base_url(self) -> str:
+        """The versioned base: ``{base_url}/admin/{version}/``."""
+        return self._base
+
+    def list_endpoint(self, path: str, *, model: type[Any] = dict) -> ListEndpoint[Any]:
+        """Another list endpoint with the same pagination contract; records are dicts unless
+        ``model`` says otherwise."""
+        return ListEndpoint(self, clean_path(path), model)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client's own HTTP session (a session passed in is left open)."""
+        self._closed = True
+        await self._transport.aclose()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> LimiterStats:
+        """Requests, 429s, retries and time spent waiting, per pool of this client's store
+        (shared by every client of the store in this process)."""
+        return self._bound_limiter().stats()
+
+    def _bound_limiter(self) -> StoreLimiter:
+        if self._store_limiter is None:
+            limiter = default_limiter() if self._limiter is None else self._limiter
+            self._store_limiter = limiter.bind(self.store, self.limits)
+        return self._store_limiter
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+    ) -> Response:
+        """Send any request (rate-limited and retried per policy); return the parsed answer."""
+        if not isinstance(method, str) or not method.isalpha():
+            raise ConfigError(f"method must be an HTTP method name, got {method!r}")
+        return await self._call(method.upper(), clean_path(path), params, json, parse_response)
+
+    async def _get_page(self, path: str, params: Mapping[str, Any]) -> PageEnvelope:
+        return await self._call("GET", path, params, None, parse_page)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None,
+        json: Any,
+        parse: Callable[[str, str, RawResponse], T],
+    ) -> T:
+        if self._closed:
+            raise ConfigError("the client is closed")
+        request = build_request(
+            self._base,
+            self._token,
+            method,
+            path,
+            params=params,
+            json=json,
+            user_agent=self._user_agent,
+        )
+        limiter = self._bound_limiter()
+        # The store's first binding decides its pools, so ask the limiter, not self.limits.
+        pool = limiter.pool_for(method, path)
+        attempts = 0
+
+        async def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            async with limiter.slot(pool):
+                raw = await self._transport.send(request, timeout=self.timeout)
+            if raw.status == 429:
+                self._pause_after_429(limiter, pool, raw, attempts)
+            return parse(method, path, raw)
+
+        def on_retry(exc: BaseException, number: int, delay: float) -> None:
+            limiter.record_retry(pool)
+
+        call: Awaitable[T] = _retry.call_with_retries(
+            self.retry, request, attempt, on_retry=on_retry
+        )
+        return await call
+
+    def _pause_after_429(
+        self, limiter: StoreLimiter, pool: str, raw: RawResponse, attempt: int
+    ) -> None:
+        limiter.record_429(pool)
+        retry_after = parse_retry_after(raw.headers.get("retry-after"))
+        if retry_after is None:
+            seconds = _retry.backoff_seconds(self.retry, attempt)
+        else:
+            seconds = min(retry_after, self.retry.max_retry_after)
+        if _retry.waiting_enabled() and seconds > 0:
+            limiter.pause(pool, seconds)

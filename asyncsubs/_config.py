@@ -1,0 +1,169 @@
+"""Small frozen configuration objects: Rate, Limits, RetryPolicy.
+
+Validation raises ConfigError (a ValueError) at construction, so bad configuration never reaches
+the network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_HEAVY", "Limits", "Rate", "RetryPolicy"]
+
+
+def _positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class Rate:
+    """At most ``n`` request starts in any window of ``per`` seconds, paced evenly.
+
+    The limiter starts one request every ``per / n`` seconds (``interval``), with no initial burst,
+    so the rate holds against fixed-window, sliding-window and leaky-bucket servers alike.
+    """
+
+    n: int
+    per: float = 1.0
+
+    def __attrs_post_init__(self) -> None:
+        _positive_int("Rate.n", self.n)
+        object.__setattr__(self, "per", _positive_number("Rate.per", self.per))
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two request starts."""
+        return self.per / self.n
+
+    @property
+    def per_second(self) -> float:
+        return self.n / self.per
+
+    def __str__(self) -> str:
+        return f"{self.n}/{self.per:g}s"
+
+
+#: Heavy list endpoints and their isolated pools. The interface says only that these pools are
+#: "small"; one request per second each is a conservative guess that real stores tolerate.
+DEFAULT_HEAVY: Mapping[str, Rate] = MappingProxyType(
+    {
+        "subscriptions": Rate(1, per=1.0),
+        "customers": Rate(1, per=1.0),
+        "orders": Rate(1, per=1.0),
+    }
+)
+
+
+def _freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
+    if value is None:
+        return DEFAULT_HEAVY
+    if not isinstance(value, Mapping):
+        raise ConfigError("Limits.heavy must be a mapping of path -> Rate")
+    frozen: dict[str, Rate] = {}
+    for path, rate in value.items():
+        if not isinstance(path, str) or not path.strip("/"):
+            raise ConfigError(f"Limits.heavy keys must be non-empty paths, got {path!r}")
+        if not isinstance(rate, Rate):
+            raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate, got {rate!r}")
+        frozen[path.strip("/")] = rate
+    return MappingProxyType(frozen)
+
+
+@attrs.frozen
+class Limits:
+    """Per-store request budgets.
+
+    - ``global_rate``: the shared pool for every request that is not a heavy list request.
+    - ``heavy``: path -> Rate; a GET of exactly that path (a list endpoint) draws only on its own
+      isolated pool, never on the global one. Defaults to ``DEFAULT_HEAVY``.
+    - ``max_in_flight``: concurrent requests per store, across all pools.
+    - ``safety_margin``: fraction by which pacing stays below each rate, so network jitter does
+      not turn pacing at exactly the limit into 429s (0.02 = pace at 98%).
+    """
+
+    global_rate: Rate = Rate(50, per=1.0)
+    heavy: Mapping[str, Rate] = attrs.field(default=None, converter=_freeze_heavy)
+    max_in_flight: int = 64
+    safety_margin: float = 0.02
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.global_rate, Rate):
+            raise ConfigError(f"Limits.global_rate must be a Rate, got {self.global_rate!r}")
+        _positive_int("Limits.max_in_flight", self.max_in_flight)
+        margin = self.safety_margin
+        if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
+            raise ConfigError(f"Limits.safety_margin must be in [0, 1), got {margin!r}")
+
+    def pool_for(self, method: str, path: str) -> str:
+        """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
+        if method == "GET":
+            key = path.strip("/")
+            if key in self.heavy:
+                return key
+        return "global"
+
+    def rate_for(self, pool: str) -> Rate:
+        return self.global_rate if pool == "global" else self.heavy[pool]
+
+    def interval_for(self, pool: str) -> float:
+        """Seconds between starts in ``pool``, with the safety margin applied."""
+        return self.rate_for(pool).interval / (1.0 - self.safety_margin)
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return ("global", *self.heavy)
+
+
+#: Statuses that are retried by default: the request was not (or need not have been) processed.
+DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@attrs.frozen
+class RetryPolicy:
+    """When and how failed attempts are retried.
+
+    - ``max_attempts``: attempts in all, the first included (1 disables retries).
+    - ``backoff_initial``/``backoff_max``: capped exponential backoff with full jitter, seconds.
+    - ``max_total``: give up once this many seconds have passed since the first attempt.
+    - ``retry_statuses``: HTTP statuses worth another attempt.
+    - ``max_retry_after``: a Retry-After longer than this fails fast with RateLimitError.
+    - ``retry_non_idempotent``: also retry POST/PATCH/DELETE after failures where the server may
+      have processed the request (5xx, timeouts, resets). Off by default: those are retried only
+      when the request provably was not processed (429, connection refused).
+    """
+
+    max_attempts: int = 6
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    max_total: float = 300.0
+    retry_statuses: frozenset[int] = attrs.field(
+        default=DEFAULT_RETRY_STATUSES, converter=frozenset
+    )
+    max_retry_after: float = 120.0
+    retry_non_idempotent: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _positive_int("RetryPolicy.max_attempts", self.max_attempts)
+        for name in ("backoff_initial", "backoff_max", "max_total", "max_retry_after"):
+            object.__setattr__(
+                self, name, _positive_number(f"RetryPolicy.{name}", getattr(self, name))
+            )
+        if self.backoff_max < self.backoff_initial:
+            raise ConfigError("RetryPolicy.backoff_max must be >= backoff_initial")

@@ -1,0 +1,93 @@
+"""The package's one cattrs Converter, configured once; never cattrs' global converter.
+
+Wire names are camelCase, attributes snake_case. Unknown fields are never rejected. A class
+with a ``raw`` attribute gets the record itself there. Our own models take each known field
+as-is (no conversion), which keeps structuring cheap and never fails on surprising types; a
+caller's attrs class is structured by cattrs with its declared types.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, override
+
+from ._models import Customer, Order, Subscription
+from .errors import ConfigError, ProtocolError
+
+__all__ = ["camel", "structure_records", "structurer_for"]
+
+T = TypeVar("T")
+RAW: Final = "raw"
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _own_model_hook(cls: type[Any]) -> Callable[[Any, type[Any]], Any]:
+    # A fixed tuple of (attribute, wire name) and one dict lookup each: the hot path of a pull.
+    fields = tuple((a.name, camel(a.name)) for a in attrs.fields(cls) if a.name != RAW)
+
+    def structure(record: Any, _: type[Any]) -> Any:
+        if not isinstance(record, dict):
+            raise TypeError(f"expected a JSON object, got {type(record).__name__}")
+        return cls(raw=record, **{attr: record.get(wire) for attr, wire in fields})
+
+    return structure
+
+
+def _user_class_hook(conv: cattrs.Converter, cls: type[Any]) -> Callable[[Any, type[Any]], Any]:
+    names = [a.name for a in attrs.fields(cls)]
+    overrides = {n: override(rename=camel(n)) for n in names if n != RAW}
+    if RAW not in names:
+        return make_dict_structure_fn(cls, conv, **overrides)  # type: ignore[arg-type]
+    # The raw record rides along under a key no server sends.
+    overrides[RAW] = override(rename="\x00raw", struct_hook=lambda v, _: v)
+    inner = make_dict_structure_fn(cls, conv, **overrides)  # type: ignore[arg-type]
+
+    def structure(record: Any, typ: type[Any]) -> Any:
+        return inner({**record, "\x00raw": record}, typ)
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=False)
+    for model in (Subscription, Customer, Order):
+        conv.register_structure_hook(model, _own_model_hook(model))
+    conv.register_structure_hook_factory(attrs.has, functools.partial(_user_class_hook, conv))
+    return conv
+
+
+_converter: Final = _make_converter()
+
+
+def structurer_for(model: Any) -> Callable[[Any], Any] | None:
+    """A function structuring one record into ``model``; None for ``model=dict`` (no cost)."""
+    if model is dict:
+        return None
+    if not (isinstance(model, type) and attrs.has(model)):
+        raise ConfigError(f"model must be dict or an attrs class, got {model!r}")
+    hook = _converter.get_structure_hook(model)
+    return lambda record: hook(record, model)
+
+
+def structure_records(
+    records: list[Any], structure: Callable[[Any], Any] | None, *, method: str, path: str
+) -> list[Any]:
+    if structure is None:
+        return records
+    try:
+        return [structure(r) for r in records]
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ProtocolError(
+            f"{method} {path}: a record could not be structured: {type(exc).__name__}: {exc}",
+            method=method,
+            path=path,
+        ) from exc

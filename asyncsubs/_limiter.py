@@ -1,0 +1,591 @@
+"""Client-side rate limiting: even pacing per (store, pool), an in-flight cap per store, pauses.
+
+How the client uses it::
+
+    limiter = default_limiter()                 # or LocalLimiter(), or a RedisLimiter
+    store_limiter = limiter.bind(store, limits)   # inside the running loop
+    async with store_limiter.slot(store_limiter.pool_for(method, path)):
+        ...                                       # send the request, read the response
+    store_limiter.pause(pool, retry_after)        # after a 429
+    store_limiter.record_429(pool); store_limiter.record_retry(pool)
+    store_limiter.stats()                         # -> LimiterStats
+
+Guarantees
+----------
+- Starts in one (store, pool) are at least ``limits.interval_for(pool)`` seconds apart, measured
+  with ``loop.time()`` at the moment each request is let through, from a cold start on (no
+  initial burst). As that interval is ``per / n`` widened by the safety margin, no window of
+  ``per`` seconds ever holds more than ``n`` starts.
+- ``max_in_flight`` caps the requests of a store that are in flight at once, across its pools.
+- ``pause(pool, seconds)`` holds every task of that pool until the pause has passed; pacing then
+  resumes one interval at a time. A pause never shortens an existing one.
+- All waiting is on futures and ``loop.call_at`` timers set for the exact moment computed; there
+  is never more than one pacing timer per (store, pool), whatever the number of waiters.
+
+Ordering
+--------
+A request goes through three stages, in this order:
+
+1. its pool's *turn*: a FIFO queue per (store, pool); only the head of the queue goes further;
+2. the pool's *paced start*: the head sleeps until ``last start + interval`` (and past any
+   pause), holding nothing but its pool's turn;
+3. the store's *in-flight gate*: a FIFO of pool heads whose start time has come; the request
+   starts the moment it gets a place, and that moment is what the next start is paced from.
+
+So in-flight places go first come first served among requests that may start now, and a heavy
+request waiting for its slow pool never holds a place that a light request could use. Because
+the pace is measured from actual starts, a start delayed by a full gate is not followed by a
+catch-up burst. A task cancelled while waiting leaves its queue, and the next task of its pool
+inherits its place and its start time (in-flight places are handed over, never leaked).
+
+Shared backends (the interface a RedisLimiter implements)
+---------------------------------------------------------
+``StoreLimiter`` owns the queues, the in-flight gate, pauses as seen by this process, and the
+statistics. Across processes only the pacing itself must be shared; that is a
+:class:`PacingBackend`, two coroutines keyed by ``(store, pool)``:
+
+- ``reserve(store, pool, interval) -> float``: atomically claim the pool's next start slot,
+  ``slot = max(now, tat, pause_end)``, set ``tat = slot + interval`` and return
+  ``slot - now`` in seconds (>= 0), all on the backend's own clock (GCRA without burst; one
+  Redis round trip). Called only when this process's own pacing would let a request start now,
+  by at most one task per (store, pool) per process at a time; the call is shielded from
+  cancellation so that the slot it claims is used by the next waiter rather than lost.
+- ``pause(store, pool, seconds)``: no slot may be handed out before ``now + seconds``; never
+  shortens an existing pause (e.g. a key with a TTL holding the pause's end). Runs as a
+  background task; failures are logged, not raised.
+
+Errors should be raised as :class:`~asyncsubs.errors.LimiterUnavailableError`; any other
+``Exception`` from ``reserve`` is wrapped in one. A subclass of :class:`Limiter` that passes its
+backend to ``super().__init__(backend)`` is all a shared limiter needs. ``max_in_flight`` stays
+per process. :class:`MemoryPacing` is the reference implementation (and what tests use to
+simulate several processes).
+
+Known limits: with a shared backend, a request held up by this process's full in-flight gate
+starts later than its slot and so may land close to another process's next start (the safety
+margin absorbs small delays). Store state lives as long as its event loop, so that a store bound
+again right after its last client closed is still paced from its previous start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping
+from types import MappingProxyType, TracebackType
+from typing import Protocol
+
+import attrs
+
+from ._config import Limits
+from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError
+
+__all__ = [
+    "Limiter",
+    "LimiterStats",
+    "LocalLimiter",
+    "MemoryPacing",
+    "PacingBackend",
+    "PoolStats",
+    "StoreLimiter",
+    "default_limiter",
+]
+
+logger = logging.getLogger("asyncsubs.limiter")
+
+#: A request that waited longer than this (seconds) is logged at DEBUG.
+LONG_WAIT_SECONDS = 1.0
+
+_NEVER = -math.inf
+
+#: asyncio runs every timer due within the clock's resolution in one go, so a task woken by its
+#: own timer may find loop.time() a hair before the moment it asked for. Going back to sleep for
+#: that would only cost another timer; within this slack, the moment counts as reached.
+_SLACK = time.get_clock_info("monotonic").resolution
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+@attrs.frozen
+class PoolStats:
+    """Counters for one pool of one store since the store was first bound in this loop."""
+
+    requests: int = 0  #: requests started (retries included: each attempt is a request)
+    rate_limited: int = 0  #: 429 responses received
+    retries: int = 0  #: attempts that were retries
+    wait_seconds: float = 0.0  #: total time started requests spent queued in the limiter
+    waiting: int = 0  #: tasks queued in this pool right now
+
+
+@attrs.frozen
+class LimiterStats:
+    """A snapshot of one store's limiter: its pools' counters and what is in flight now."""
+
+    store: str
+    pools: Mapping[str, PoolStats] = attrs.field(hash=False)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(p.requests for p in self.pools.values())
+
+    @property
+    def rate_limited(self) -> int:
+        return sum(p.rate_limited for p in self.pools.values())
+
+    @property
+    def retries(self) -> int:
+        return sum(p.retries for p in self.pools.values())
+
+    @property
+    def wait_seconds(self) -> float:
+        return sum(p.wait_seconds for p in self.pools.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Backends
+
+
+class PacingBackend(Protocol):
+    """Shared pacing and pauses for (store, pool); see the module docstring for the contract."""
+
+    async def reserve(self, store: str, pool: str, interval: float) -> float: ...
+
+    async def pause(self, store: str, pool: str, seconds: float) -> None: ...
+
+
+class MemoryPacing:
+    """Reference :class:`PacingBackend` in memory: what a Redis backend does atomically.
+
+    Several limiters sharing one instance (in one loop) behave like several processes sharing
+    one Redis. The clock is the running loop's, so tests can fake it.
+    """
+
+    def __init__(self) -> None:
+        # (store, pool) -> theoretical arrival time of the next slot / end of the pause
+        self._tat: dict[tuple[str, str], float] = {}
+        self._pause_end: dict[tuple[str, str], float] = {}
+
+    async def reserve(self, store: str, pool: str, interval: float) -> float:
+        now = asyncio.get_running_loop().time()
+        key = (store, pool)
+        slot = max(now, self._tat.get(key, _NEVER), self._pause_end.get(key, _NEVER))
+        self._tat[key] = slot + interval
+        return slot - now
+
+    async def pause(self, store: str, pool: str, seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        key = (store, pool)
+        self._pause_end[key] = max(end, self._pause_end.get(key, _NEVER))
+
+
+# --------------------------------------------------------------------------------------------
+# Primitives
+
+
+class _FifoGate:
+    """A FIFO semaphore: places go to waiters strictly in arrival order, no barging.
+
+    Waiters sit in an OrderedDict so that a cancelled one leaves in O(1) and no cancelled future
+    lingers (a lingering future would keep its closed event loop alive).
+    """
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: OrderedDict[asyncio.Future[None], None] = OrderedDict()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> None:
+        # Places are handed straight to waiters on release, so a free place means nobody waits.
+        if self._free > 0:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[fut] = None
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut in self._waiters:
+                del self._waiters[fut]  # still queued: leaving the queue is all there is to do
+            elif not fut.cancelled():
+                self.release()  # granted, then cancelled before it ran: pass the place on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            fut, _ = self._waiters.popitem(last=False)
+            # A future cancelled an instant ago is still queued until its task runs; skip it.
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self._free += 1
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
+    fut: asyncio.Future[None] = loop.create_future()
+    handle = loop.call_at(when, _wake, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+
+
+class _Pool:
+    """Mutable state of one (store, pool)."""
+
+    __slots__ = (
+        "interval",
+        "last_start",
+        "name",
+        "pause_until",
+        "rate_limited",
+        "requests",
+        "reserved_at",
+        "reserving",
+        "retries",
+        "turn",
+        "wait_seconds",
+        "waiting",
+    )
+
+    def __init__(self, name: str, interval: float) -> None:
+        self.name = name
+        self.interval = interval
+        self.turn = _FifoGate(1)
+        self.last_start = _NEVER
+        self.pause_until = _NEVER
+        # Shared backends only: a slot claimed from the backend and not used yet (loop time),
+        # and the claim in progress. Both belong to the pool, not to a task, so a cancelled
+        # head's slot goes to the next head.
+        self.reserved_at: float | None = None
+        self.reserving: asyncio.Task[None] | None = None
+        self.requests = 0
+        self.rate_limited = 0
+        self.retries = 0
+        self.wait_seconds = 0.0
+        self.waiting = 0
+
+    def snapshot(self) -> PoolStats:
+        return PoolStats(
+            requests=self.requests,
+            rate_limited=self.rate_limited,
+            retries=self.retries,
+            wait_seconds=self.wait_seconds,
+            waiting=self.waiting,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Per-store limiter
+
+
+class _Slot:
+    """``async with store_limiter.slot(pool)``: wait for a start, hold an in-flight place."""
+
+    __slots__ = ("_limiter", "_pool")
+
+    def __init__(self, limiter: StoreLimiter, pool: _Pool) -> None:
+        self._limiter = limiter
+        self._pool = pool
+
+    async def __aenter__(self) -> None:
+        await self._limiter._acquire(self._pool)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._limiter._in_flight.release()
+
+
+class StoreLimiter:
+    """The limiter state of one store in one event loop; get it from :meth:`Limiter.bind`."""
+
+    def __init__(
+        self,
+        store: str,
+        limits: Limits,
+        backend: PacingBackend | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.store = store
+        self.limits = limits
+        self._backend = backend
+        # Weak: the registry is keyed weakly by loop, and a strong reference from the value
+        # would keep every loop that ever bound a store alive.
+        self._loop_ref = weakref.ref(loop)
+        self._in_flight = _FifoGate(limits.max_in_flight)
+        self._pools = {name: _Pool(name, limits.interval_for(name)) for name in limits.pools}
+        # Strong references to backend pause calls in progress (the loop keeps only weak ones).
+        self._background: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        waiting = sum(p.waiting for p in self._pools.values())
+        return (
+            f"<StoreLimiter store={self.store!r} in_flight={self.in_flight}"
+            f"/{self.limits.max_in_flight} waiting={waiting}>"
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return self.limits.max_in_flight - self._in_flight._free
+
+    def pool_for(self, method: str, path: str) -> str:
+        """The pool a request draws on, by the Limits this store was bound with."""
+        return self.limits.pool_for(method, path)
+
+    def _pool(self, pool: str) -> _Pool:
+        try:
+            return self._pools[pool]
+        except KeyError:
+            raise ConfigError(
+                f"store {self.store!r} has no rate-limit pool {pool!r}"
+                f" (pools: {', '.join(self._pools)})"
+            ) from None
+
+    def slot(self, pool: str) -> _Slot:
+        """Wait (FIFO, pacing, pauses, in-flight cap) and hold an in-flight place meanwhile."""
+        return _Slot(self, self._pool(pool))
+
+    def pause(self, pool: str, seconds: float) -> None:
+        """Hold every task of ``pool`` for ``seconds`` from now (after a 429).
+
+        Never shortens a longer pause already in force. Values that are not positive and finite
+        are ignored. With a shared backend, the pause is also sent to it in the background.
+        """
+        p = self._pool(pool)
+        if not 0 < seconds < math.inf:
+            return
+        loop = self._loop_ref()
+        if loop is None:
+            return
+        until = loop.time() + seconds
+        if until > p.pause_until:
+            p.pause_until = until
+            logger.debug("store %r pool %r: paused for %.3fs", self.store, pool, seconds)
+        else:
+            logger.debug(
+                "store %r pool %r: pause of %.3fs is within the current one",
+                self.store,
+                pool,
+                seconds,
+            )
+        if self._backend is not None:
+            task = loop.create_task(self._backend.pause(self.store, pool, seconds))
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning(
+                "store %r: could not share a pause with the limiter backend (%s)",
+                self.store,
+                type(exc).__name__,
+            )
+
+    def record_429(self, pool: str) -> None:
+        self._pool(pool).rate_limited += 1
+
+    def record_retry(self, pool: str) -> None:
+        self._pool(pool).retries += 1
+
+    def stats(self) -> LimiterStats:
+        return LimiterStats(
+            store=self.store,
+            pools=MappingProxyType({name: p.snapshot() for name, p in self._pools.items()}),
+            in_flight=self.in_flight,
+            max_in_flight=self.limits.max_in_flight,
+        )
+
+    # -- acquiring ----------------------------------------------------------------------------
+
+    async def _acquire(self, p: _Pool) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop_ref():
+            raise RuntimeError(
+                f"the limiter of store {self.store!r} was bound in another event loop;"
+                " bind the store again in this one"
+            )
+        queued_at = loop.time()
+        p.waiting += 1
+        try:
+            await p.turn.acquire()
+            try:
+                now = await self._wait_for_start(loop, p)
+            finally:
+                # Hand the turn on as soon as this request starts (or gives up): the next
+                # request of the pool is paced from this start, not from this request's end.
+                p.turn.release()
+        finally:
+            p.waiting -= 1
+        waited = now - queued_at
+        p.requests += 1
+        p.wait_seconds += waited
+        if waited > LONG_WAIT_SECONDS:
+            logger.debug(
+                "store %r pool %r: request waited %.2fs (%d still queued)",
+                self.store,
+                p.name,
+                waited,
+                p.waiting,
+            )
+
+    async def _wait_for_start(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> float:
+        """As the pool's head: sleep until the paced start, take an in-flight place, start."""
+        while True:
+            now = loop.time()
+            ready_at = max(p.last_start + p.interval, p.pause_until)
+            if self._backend is not None:
+                at = p.reserved_at
+                # A slot from before a pause, or one left unused for a while (its claimer was
+                # cancelled), would start out of step with the other processes: drop it; the
+                # backend only ever loses a slot, which is the safe side.
+                if at is not None and (at < p.pause_until or at + p.interval < now):
+                    p.reserved_at = at = None
+                if at is None:
+                    if ready_at - now > _SLACK:
+                        # Claim a shared slot only once this process may start: the slot then
+                        # lies after our own last start + interval, so both paces agree.
+                        await _sleep_until(loop, ready_at)
+                        continue
+                    await self._reserve(loop, p)
+                    continue
+                ready_at = max(ready_at, at)
+            if ready_at - now > _SLACK:
+                await _sleep_until(loop, ready_at)
+                continue  # re-check: a pause may have come in meanwhile
+            await self._in_flight.acquire()
+            now = loop.time()
+            if p.pause_until - now > _SLACK:
+                # Paused while queued at the gate: give the place back, wait out the pause.
+                self._in_flight.release()
+                continue
+            p.last_start = now
+            p.reserved_at = None
+            return now
+
+    async def _reserve(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> None:
+        task = p.reserving
+        if task is None:
+            task = p.reserving = loop.create_task(self._claim_slot(loop, p))
+            # Retrieve a failure nobody awaits any more (its waiter was cancelled).
+            task.add_done_callback(_consume_result)
+        # Shielded: if this task is cancelled the claim still completes, for the next head.
+        await asyncio.shield(task)
+
+    async def _claim_slot(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> None:
+        assert self._backend is not None
+        try:
+            delay = float(await self._backend.reserve(self.store, p.name, p.interval))
+        except AsyncSubsError:
+            raise
+        except Exception as exc:
+            # The type only: a backend's message may carry its URL and password. The cause
+            # stays chained for whoever debugs it.
+            raise LimiterUnavailableError(
+                f"rate limiter backend failed for store {self.store!r}: {type(exc).__name__}"
+            ) from exc
+        finally:
+            p.reserving = None
+        if not 0 <= delay < math.inf:
+            raise LimiterUnavailableError(
+                f"rate limiter backend returned an invalid delay {delay!r} for store {self.store!r}"
+            )
+        p.reserved_at = loop.time() + delay
+
+
+def _consume_result(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+# --------------------------------------------------------------------------------------------
+# Registries
+
+
+class Limiter:
+    """Per-store limiter state, shared by every client bound to the same store and loop.
+
+    ``backend=None`` paces in this process only; a shared backend (see the module docstring)
+    makes processes pace together. Different stores never slow each other.
+
+    If a store is bound again with different :class:`Limits`, the first binding wins and a
+    warning is logged: one store has one budget, and changing it under running requests would
+    break the guarantees. Use :meth:`StoreLimiter.pool_for` so requests use that binding's pools.
+    """
+
+    def __init__(self, backend: PacingBackend | None = None) -> None:
+        self._backend = backend
+        # bind() is sync and may run in several threads' loops at once.
+        self._lock = threading.Lock()
+        self._stores: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, StoreLimiter]
+        ] = weakref.WeakKeyDictionary()
+
+    @property
+    def backend(self) -> PacingBackend | None:
+        return self._backend
+
+    def bind(self, store: str, limits: Limits) -> StoreLimiter:
+        """The limiter of ``store`` in the running loop; same store and loop -> same object."""
+        if not isinstance(store, str) or not store:
+            raise ConfigError(f"store must be a non-empty string, got {store!r}")
+        if not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {limits!r}")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "Limiter.bind() must be called in the event loop that will send the requests"
+            ) from None
+        with self._lock:
+            stores = self._stores.get(loop)
+            if stores is None:
+                stores = self._stores[loop] = {}
+            bound = stores.get(store)
+            if bound is None:
+                bound = stores[store] = StoreLimiter(store, limits, self._backend, loop)
+                return bound
+        if bound.limits != limits:
+            logger.warning(
+                "store %r is already bound with %r; keeping those limits and ignoring %r",
+                store,
+                bound.limits,
+                limits,
+            )
+        return bound
+
+
+class LocalLimiter(Limiter):
+    """In-process limiter: clients sharing an instance (and a loop) share each store's budget."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+
+_default = LocalLimiter()
+
+
+def default_limiter() -> LocalLimiter:
+    """The process-wide limiter that ``AdminClient(limiter=None)`` uses (state kept per loop)."""
+    return _default

@@ -1,0 +1,164 @@
+"""Cursor pagination, exactly the interface's four steps, as async generators.
+
+1. The first request is sent without afterCursor (or with the caller's resume cursor).
+2. The response carries the records and pageInfo.
+3. The next request passes pageInfo.nextCursor as afterCursor.
+4. Repeat until pageInfo.hasNextPage is false.
+
+A cursor that repeats would loop forever, so it raises ProtocolError. A failed page fetch is
+retried (by the client) with the same cursor, so no record is skipped or yielded twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+
+from ._converter import structure_records, structurer_for
+from ._models import Page
+from .errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from ._client import AdminClient
+
+__all__ = ["ListCall", "ListEndpoint"]
+
+T = TypeVar("T")
+PAGE_SIZE: Final = "pageSize"
+AFTER_CURSOR: Final = "afterCursor"
+
+
+def _check_page_size(page_size: object) -> int | None:
+    if page_size is None:
+        return None
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+        raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
+    return page_size
+
+
+def _check_params(params: object) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"params must be a mapping, got {type(params).__name__}")
+    reserved = {PAGE_SIZE, AFTER_CURSOR} & set(params)
+    if reserved:
+        raise ConfigError(
+            f"pass {', '.join(sorted(reserved))} as page_size=/after_cursor=, not in params"
+        )
+    for key, value in params.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"params keys must be non-empty strings, got {key!r}")
+        if isinstance(value, bool) or value is None:
+            continue
+        if not isinstance(value, str | int | float):
+            raise ConfigError(f"params[{key!r}] must be str, int, float or bool, got {value!r}")
+    return dict(params)
+
+
+class ListCall(Generic[T]):
+    """One pull of a list endpoint: iterate it for records, or ``.pages()`` for pages."""
+
+    def __init__(
+        self,
+        client: AdminClient,
+        path: str,
+        *,
+        page_size: int | None,
+        after_cursor: str | None,
+        params: dict[str, Any],
+        structure: Callable[[Any], T] | None,
+    ) -> None:
+        self._client = client
+        self._path = path
+        self._page_size = page_size
+        self._after_cursor = after_cursor
+        self._params = params
+        self._structure = structure
+
+    def __repr__(self) -> str:
+        return (
+            f"<ListCall {self._path} page_size={self._page_size} "
+            f"after_cursor={self._after_cursor!r}>"
+        )
+
+    async def pages(self) -> AsyncIterator[Page[T]]:
+        """Yield each page; ``page.next_cursor`` is the checkpoint to resume from."""
+        cursor = self._after_cursor
+        seen: set[str] = set() if cursor is None else {cursor}
+        query = dict(self._params)
+        if self._page_size is not None:
+            query[PAGE_SIZE] = self._page_size
+        while True:
+            if cursor is None:
+                query.pop(AFTER_CURSOR, None)
+            else:
+                query[AFTER_CURSOR] = cursor
+            envelope = await self._client._get_page(self._path, query)
+            next_cursor = envelope.next_cursor if envelope.has_next_page else None
+            if next_cursor is not None:
+                # Checked before the page is yielded, so the caller's last checkpoint
+                # (this page's cursor) still re-fetches this page.
+                if next_cursor in seen:
+                    raise ProtocolError(
+                        f"GET {self._path}: the server returned a cursor it returned before; "
+                        "stopping instead of looping forever",
+                        method="GET",
+                        path=self._path,
+                    )
+                seen.add(next_cursor)
+            records = structure_records(
+                envelope.data, self._structure, method="GET", path=self._path
+            )
+            yield Page(
+                data=records,
+                cursor=cursor,
+                next_cursor=next_cursor,
+                has_next_page=envelope.has_next_page,
+            )
+            if next_cursor is None:
+                return
+            cursor = next_cursor
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        async for page in self.pages():
+            for record in page.data:
+                yield record
+
+
+class ListEndpoint(Generic[T]):
+    """A list endpoint of the admin interface, e.g. ``client.subscriptions``."""
+
+    def __init__(self, client: AdminClient, path: str, model: type[T] | Any) -> None:
+        self._client = client
+        self.path = path
+        self.model = model
+
+    def __repr__(self) -> str:
+        return f"<ListEndpoint {self.path} model={getattr(self.model, '__name__', self.model)}>"
+
+    def list(
+        self,
+        *,
+        page_size: int | None = None,
+        after_cursor: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        model: type[Any] | None = None,
+    ) -> ListCall[Any]:
+        """Records of this endpoint, fetched page by page.
+
+        - ``page_size``: records per request (the server may clamp it); None = server default.
+        - ``after_cursor``: resume after a page whose ``next_cursor`` you saved.
+        - ``params``: extra query parameters passed through (e.g. ``{"status": "ACTIVE"}``).
+        - ``model``: ``dict`` for plain dicts (no structuring cost), or any attrs class.
+        """
+        if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
+            raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
+        return ListCall(
+            self._client,
+            self.path,
+            page_size=_check_page_size(page_size),
+            after_cursor=after_cursor,
+            params=_check_params(params),
+            structure=structurer_for(self.model if model is None else model),
+        )

@@ -1,0 +1,386 @@
+"""The admin interface's protocol, with no I/O: build requests, parse responses.
+
+Nothing here imports aiohttp. The transport turns a ``Request`` into a ``RawResponse``
+``(status, headers, body)``; this module turns that into a ``Response``, a ``PageEnvelope`` or a
+typed error from ``asyncsubs.errors``. Error classes are chosen from status and ``code`` in one
+place (``error_class``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import quote, urlencode, urlsplit
+
+import attrs
+import orjson
+
+from ._version import __version__
+from .errors import (
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigError,
+    NotFoundError,
+    PermissionDeniedError,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    excerpt,
+)
+
+__all__ = [
+    "PageEnvelope",
+    "RawResponse",
+    "Request",
+    "Response",
+    "build_request",
+    "error_class",
+    "parse_page",
+    "parse_response",
+    "parse_retry_after",
+    "versioned_base",
+]
+
+TOKEN_HEADER: Final = "X-Service-Token"
+USER_AGENT: Final = f"asyncsubs/{__version__}"
+SUCCESS_CODE: Final = "SUCCESS"
+_VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+_LOOPBACK_HOSTS: Final = frozenset({"localhost", "::1"})
+
+
+@attrs.frozen
+class Request:
+    """One HTTP request, ready for a transport. ``path`` is relative to the versioned base."""
+
+    method: str
+    url: str
+    path: str
+    headers: Mapping[str, str] = attrs.field(repr=False)
+    body: bytes | None = attrs.field(default=None, repr=False)
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method in ("GET", "HEAD", "OPTIONS", "PUT")
+
+
+@attrs.frozen
+class RawResponse:
+    """What the transport got back. Header names are lower-cased."""
+
+    status: int
+    headers: Mapping[str, str] = attrs.field(repr=False)
+    body: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
+class Response:
+    """A successful answer from ``AdminClient.request``."""
+
+    status: int
+    data: Any
+    message: str | None
+    code: str | None
+    headers: Mapping[str, str] = attrs.field(repr=False, factory=dict)
+
+
+@attrs.frozen
+class PageEnvelope:
+    """A successful list-endpoint answer, records still as received (dicts)."""
+
+    data: list[Any]
+    has_next_page: bool
+    next_cursor: str | None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.lower()
+    return host in _LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False) -> str:
+    """``{base_url}/admin/{version}/``, validated. Raises ConfigError."""
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ConfigError("base_url is required (or set ASYNCSUBS_BASE_URL)")
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise ConfigError(f"version must look like '2026-04', got {version!r}")
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"base_url must be an http(s) URL with a host, got {base_url!r}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError("base_url must not carry a query, fragment or credentials")
+    if parts.scheme == "http" and not allow_insecure and not is_loopback(parts.hostname):
+        raise ConfigError(
+            "plain http:// would send the token unencrypted; use https:// "
+            "(or allow_insecure=True for a trusted network)"
+        )
+    return f"{base_url.strip().rstrip('/')}/admin/{version}/"
+
+
+def check_token(token: object) -> str:
+    """The token, validated: a non-empty string without whitespace at its ends or control chars.
+
+    Messages never echo the token.
+    """
+    if not isinstance(token, str) or not token:
+        raise ConfigError("token is required (or set ASYNCSUBS_TOKEN)")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
+        raise ConfigError("token contains control characters (CR/LF?); check how it was loaded")
+    if token != token.strip():
+        raise ConfigError("token has leading or trailing whitespace; check how it was loaded")
+    if not token.isascii():
+        raise ConfigError("token must be ASCII")
+    return token
+
+
+def clean_path(path: str) -> str:
+    if not isinstance(path, str) or not path.strip("/"):
+        raise ConfigError(f"path must be a non-empty string, got {path!r}")
+    if "://" in path or path.startswith("//") or "?" in path or "#" in path:
+        raise ConfigError(f"path must be relative to the versioned base URL, got {path!r}")
+    segments = path.strip("/").split("/")
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise ConfigError(f"path has empty or dot segments: {path!r}")
+    return "/".join(quote(seg, safe="-._~:@!$&'()*+,;=") for seg in segments)
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ConfigError(f"query parameter values must be str, int, float or bool, got {value!r}")
+
+
+def build_request(
+    base: str,
+    token: str,
+    method: str,
+    path: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    json: Any = None,
+    user_agent: str = USER_AGENT,
+) -> Request:
+    """Build a request. ``path`` must already be clean (see ``clean_path``)."""
+    method = method.upper()
+    url = base + path
+    if params:
+        query = [(str(k), _query_value(v)) for k, v in params.items() if v is not None]
+        if query:
+            url = f"{url}?{urlencode(query)}"
+    body = None if json is None else orjson.dumps(json)
+    headers = {
+        TOKEN_HEADER: token,
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "User-Agent": user_agent,
+    }
+    return Request(method=method, url=url, path=path, headers=headers, body=body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+
+_STATUS_ERRORS: Final[Mapping[int, type[APIError]]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    422: BadRequestError,
+    429: RateLimitError,
+}
+# Used when the status does not decide (2xx with success=false, or an unlisted 4xx). The
+# interface does not list its codes; these are the common spellings.
+_CODE_ERRORS: Final[Mapping[str, type[APIError]]] = {
+    "BAD_REQUEST": BadRequestError,
+    "INVALID_REQUEST": BadRequestError,
+    "INVALID_CURSOR": BadRequestError,
+    "VALIDATION_ERROR": BadRequestError,
+    "UNAUTHORIZED": AuthenticationError,
+    "UNAUTHENTICATED": AuthenticationError,
+    "INVALID_TOKEN": AuthenticationError,
+    "FORBIDDEN": PermissionDeniedError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "NOT_FOUND": NotFoundError,
+    "RATE_LIMITED": RateLimitError,
+    "TOO_MANY_REQUESTS": RateLimitError,
+    "INTERNAL_ERROR": ServerError,
+    "SERVER_ERROR": ServerError,
+}
+
+_HINTS: Final[Mapping[type[APIError], str]] = {
+    AuthenticationError: "check the token (admin portal: Settings > API Tokens)",
+    PermissionDeniedError: (
+        "the token lacks the scope or entitlement for this capability; "
+        "some capabilities must be enabled by the account's success manager"
+    ),
+    NotFoundError: "check the path and the API version",
+}
+
+
+def error_class(status: int, code: str | None) -> type[APIError]:
+    """The one place that maps an error answer to its class."""
+    if status >= 500:
+        return ServerError
+    if status in _STATUS_ERRORS:
+        return _STATUS_ERRORS[status]
+    if code is not None:
+        return _CODE_ERRORS.get(code.upper(), APIError)
+    return APIError
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date), or None."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _decode(method: str, path: str, raw: RawResponse) -> Any:
+    try:
+        return orjson.loads(raw.body)
+    except orjson.JSONDecodeError:
+        kind = "an empty body" if not raw.body else "a body that is not valid JSON"
+        raise ProtocolError(
+            f"{method} {path}: HTTP {raw.status} with {kind}: {excerpt(raw.body)!r}",
+            method=method,
+            path=path,
+            status=raw.status,
+            body_excerpt=excerpt(raw.body),
+            transient=True,
+        ) from None
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIError:
+    code = message = None
+    if isinstance(decoded, dict):
+        code = _str_or_none(decoded.get("code"))
+        message = _str_or_none(decoded.get("message") or decoded.get("error"))
+    body = decoded if decoded is not None else excerpt(raw.body)
+    cls = error_class(raw.status, code)
+    text = f"{method} {path}: HTTP {raw.status}"
+    if code:
+        text += f" {code}"
+    if message:
+        text += f": {excerpt(message)}"
+    elif decoded is None and raw.body:
+        text += f": {excerpt(raw.body)!r}"
+    if hint := _HINTS.get(cls):
+        text += f" ({hint})"
+    kwargs: dict[str, Any] = {
+        "status": raw.status,
+        "code": code,
+        "server_message": message,
+        "body": body,
+        "method": method,
+        "path": path,
+    }
+    if cls is RateLimitError:
+        retry_after = parse_retry_after(raw.headers.get("retry-after"))
+        return RateLimitError(text, retry_after=retry_after, **kwargs)
+    return cls(text, **kwargs)
+
+
+def _envelope_error(method: str, path: str, raw: RawResponse, why: str) -> ProtocolError:
+    return ProtocolError(
+        f"{method} {path}: HTTP {raw.status}: {why}: {excerpt(raw.body)!r}",
+        method=method,
+        path=path,
+        status=raw.status,
+        body_excerpt=excerpt(raw.body),
+    )
+
+
+def _check_answer(method: str, path: str, raw: RawResponse) -> Any:
+    """The decoded body of a successful answer; raise the typed error for anything else."""
+    if 300 <= raw.status < 400:
+        location = excerpt(raw.headers.get("location", "?"), 120)
+        raise ProtocolError(
+            f"{method} {path}: HTTP {raw.status} redirect to {location!r} not followed, so the "
+            "token is never sent elsewhere; set base_url to the final address",
+            method=method,
+            path=path,
+            status=raw.status,
+        )
+    if not 200 <= raw.status < 300:
+        try:
+            decoded = orjson.loads(raw.body) if raw.body else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        raise _api_error(method, path, raw, decoded)
+    if raw.status == 204 or (not raw.body and method != "GET"):
+        return None
+    decoded = _decode(method, path, raw)
+    if isinstance(decoded, dict) and decoded.get("success") is False:
+        raise _api_error(method, path, raw, decoded)
+    return decoded
+
+
+def parse_response(method: str, path: str, raw: RawResponse) -> Response:
+    """Parse the answer to a non-list request.
+
+    Non-list payload shapes are not specified, so this is tolerant: an envelope (a JSON object
+    with ``success``) is unwrapped; any other JSON is returned whole as ``data``.
+    """
+    decoded = _check_answer(method, path, raw)
+    if isinstance(decoded, dict) and "success" in decoded:
+        if decoded["success"] is not True:
+            raise _envelope_error(method, path, raw, "'success' is not a boolean")
+        return Response(
+            status=raw.status,
+            data=decoded.get("data"),
+            message=_str_or_none(decoded.get("message")),
+            code=_str_or_none(decoded.get("code")),
+            headers=raw.headers,
+        )
+    return Response(status=raw.status, data=decoded, message=None, code=None, headers=raw.headers)
+
+
+def parse_page(method: str, path: str, raw: RawResponse) -> PageEnvelope:
+    """Parse the answer to a list request, strictly: the pagination contract must hold."""
+    decoded = _check_answer(method, path, raw)
+    if not isinstance(decoded, dict):
+        raise _envelope_error(method, path, raw, "expected the response envelope (a JSON object)")
+    if decoded.get("success") is not True:
+        raise _envelope_error(method, path, raw, "'success' missing or not a boolean")
+    data = decoded.get("data")
+    if not isinstance(data, list):
+        raise _envelope_error(method, path, raw, "'data' missing or not a list")
+    page_info = decoded.get("pageInfo")
+    if not isinstance(page_info, dict):
+        raise _envelope_error(method, path, raw, "'pageInfo' missing or not an object")
+    has_next = page_info.get("hasNextPage")
+    if not isinstance(has_next, bool):
+        raise _envelope_error(method, path, raw, "'pageInfo.hasNextPage' missing or not a boolean")
+    next_cursor = page_info.get("nextCursor")
+    if next_cursor is not None and not isinstance(next_cursor, str):
+        raise _envelope_error(method, path, raw, "'pageInfo.nextCursor' is not a string")
+    if has_next and not next_cursor:
+        raise _envelope_error(method, path, raw, "'hasNextPage' is true but there is no nextCursor")
+    if has_next and not data:
+        raise _envelope_error(method, path, raw, "an empty page claims that more records follow")
+    return PageEnvelope(data=data, has_next_page=has_next, next_cursor=next_cursor or None)

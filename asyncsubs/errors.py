@@ -1,0 +1,166 @@
+"""Every exception asyncsubs raises, in one tree.
+
+::
+
+    AsyncSubsError
+    ├── ConfigError                bad token/base_url/limits/arguments (also a ValueError)
+    ├── LimiterUnavailableError    the shared (Redis) rate limiter cannot be reached
+    ├── TransportError             connection/timeout failures once retries are spent
+    ├── ProtocolError              a response that breaks the contract: bad JSON, no envelope,
+    │                              cursor loop, body too large
+    └── APIError                   the server answered with an error: .status .code .message .body
+        ├── BadRequestError            400/422
+        ├── AuthenticationError        401
+        │   └── PermissionDeniedError  403
+        ├── NotFoundError              404
+        ├── RateLimitError             429 once retries are spent; .retry_after
+        └── ServerError                5xx once retries are spent
+
+No other exception type escapes the client for a bad response. Messages name the HTTP method and
+the request path (relative to the versioned base URL) and never contain the token: the token is
+never passed to any of these constructors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "APIError",
+    "AsyncSubsError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConfigError",
+    "LimiterUnavailableError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "RateLimitError",
+    "ServerError",
+    "TransportError",
+]
+
+#: How much of a response body an error keeps for its message (characters).
+BODY_EXCERPT_CHARS = 200
+
+
+def excerpt(body: bytes | str | None, limit: int = BODY_EXCERPT_CHARS) -> str:
+    """A short, single-line, printable excerpt of a response body for error messages."""
+    if body is None:
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes | bytearray) else body
+    text = " ".join(text[: limit * 2].split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class AsyncSubsError(Exception):
+    """Base class of every asyncsubs error.
+
+    ``attempts`` is how many attempts were made before the error was raised (1 when the request
+    was not retried); the last underlying cause, if any, is chained as ``__cause__``.
+    """
+
+    attempts: int = 1
+
+
+class ConfigError(AsyncSubsError, ValueError):
+    """Bad configuration or arguments, detected before any request is sent."""
+
+
+class LimiterUnavailableError(AsyncSubsError):
+    """The shared rate limiter backend (e.g. Redis) failed; no request was sent."""
+
+
+class TransportError(AsyncSubsError):
+    """The request did not get a (whole) response: connection refused/reset, DNS, or timeout.
+
+    ``maybe_processed`` is False only when the request provably never reached the server
+    (connection refused, DNS failure), which makes even a POST safe to retry.
+    """
+
+    def __init__(
+        self, message: str, *, method: str = "", path: str = "", maybe_processed: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.method = method
+        self.path = path
+        self.maybe_processed = maybe_processed
+
+
+class ProtocolError(AsyncSubsError):
+    """The server answered, but the answer breaks the interface's contract."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        method: str = "",
+        path: str = "",
+        status: int | None = None,
+        body_excerpt: str = "",
+        transient: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.method = method
+        self.path = path
+        self.status = status
+        self.body_excerpt = body_excerpt
+        #: True when another attempt may well succeed (e.g. a truncated body).
+        self.transient = transient
+
+
+class APIError(AsyncSubsError):
+    """The server answered with an error (non-2xx status, or ``success`` false).
+
+    ``body`` is the decoded JSON body when it was JSON, else a short excerpt of the text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str | None,
+        server_message: str | None,
+        body: Any,
+        method: str = "",
+        path: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = server_message
+        self.body = body
+        self.method = method
+        self.path = path
+
+
+class BadRequestError(APIError):
+    """400 or 422: the request was malformed or failed validation."""
+
+
+class AuthenticationError(APIError):
+    """401: the token was missing, malformed or revoked."""
+
+
+class PermissionDeniedError(AuthenticationError):
+    """403: the token is valid but lacks the scope or entitlement for this capability."""
+
+
+class NotFoundError(APIError):
+    """404: no such resource or path (check ``version`` and the path)."""
+
+
+class RateLimitError(APIError):
+    """429 once retries are spent, or a Retry-After longer than the policy allows.
+
+    ``retry_after`` is the server's requested wait in seconds, or None if it sent none.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ServerError(APIError):
+    """5xx once retries are spent."""

@@ -1,0 +1,361 @@
+"""AdminClient against a real FakeAdminServer on loopback: pagination, models, errors."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import attrs
+import pytest
+
+import asyncsubs
+from asyncsubs import AdminClient, Limits, errors
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+
+MakeClient = Callable[..., AdminClient]
+
+
+async def ids_of(call: Any) -> list[Any]:
+    return [r["id"] if isinstance(r, dict) else r.id async for r in call]
+
+
+@pytest.mark.parametrize(
+    ("count", "page_size"),
+    [(0, 10), (1, 10), (30, 10), (35, 10), (35, 1), (35, 250)],
+)
+async def test_pagination_shapes(count: int, page_size: int, fast_limits: Limits) -> None:
+    async with FakeAdminServer(
+        stores=[FakeStoreConfig("s", records=count)], rate_limits=None
+    ) as server:
+        async with AdminClient(
+            token=server.store("s").token, base_url=server.base_url, store="s", limits=fast_limits
+        ) as client:
+            pages = [p async for p in client.subscriptions.list(page_size=page_size).pages()]
+        expected = [r["id"] for r in server.records("s", "subscriptions")]
+        assert [r.id for p in pages for r in p.data] == expected
+        assert len(pages) == max(1, -(-count // page_size))
+        assert pages[0].cursor is None
+        assert [p.has_next_page for p in pages] == [True] * (len(pages) - 1) + [False]
+        assert pages[-1].next_cursor is None
+        for before, after in itertools.pairwise(pages):
+            assert after.cursor == before.next_cursor is not None
+        assert all(len(p) <= page_size for p in pages)
+
+
+async def test_ten_thousand_records_each_exactly_once_in_order(fast_limits: Limits) -> None:
+    async with FakeAdminServer(
+        stores=[FakeStoreConfig("big", records={"orders": 10_000})], rate_limits=None
+    ) as server:
+        async with AdminClient(
+            token=server.store("big").token,
+            base_url=server.base_url,
+            store="big",
+            limits=fast_limits,
+        ) as client:
+            got = await ids_of(client.orders.list(page_size=250, model=dict))
+        expected = [r["id"] for r in server.records("big", "orders")]
+        assert len(got) == 10_000
+        assert got == expected
+        assert len(set(got)) == 10_000
+
+
+async def test_resume_from_any_page_yields_exactly_the_rest(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    expected = [r["id"] for r in server.records("globex", "orders")]
+    async with make_client("globex") as client:
+        pages = [p async for p in client.orders.list(page_size=40).pages()]
+        seen: list[Any] = []
+        for page in pages:
+            seen.extend(r.id for r in page.data)
+            if page.next_cursor is None:
+                continue
+            rest = await ids_of(client.orders.list(page_size=40, after_cursor=page.next_cursor))
+            assert seen + rest == expected
+
+
+async def test_page_size_clamped_by_server_still_complete(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    async with make_client() as client:
+        pages = [p async for p in client.customers.list(page_size=10_000).pages()]
+    assert [len(p) for p in pages] == [250, 250, 250, 250]
+
+
+async def test_models_dicts_and_user_classes(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    first = server.records("acme", "subscriptions")[0]
+
+    @attrs.frozen
+    class Mine:
+        id: int
+        customer_id: int
+        status: str
+        raw: dict[str, Any] = attrs.field(repr=False)
+
+    async with make_client() as client:
+        sub = await anext(aiter(client.subscriptions.list(page_size=5)))
+        plain = await anext(aiter(client.subscriptions.list(page_size=5, model=dict)))
+        mine = await anext(aiter(client.subscriptions.list(page_size=5, model=Mine)))
+        order = await anext(aiter(client.orders.list(page_size=5)))
+        customer = await anext(aiter(client.customers.list(page_size=5)))
+        other = await anext(aiter(client.list_endpoint("orders").list(page_size=5)))
+    assert isinstance(sub, asyncsubs.Subscription)
+    assert sub.id == first["id"]
+    assert sub.customer_id == first["customerId"]
+    assert sub.status == first["status"]
+    assert sub.created_at == first["createdAt"]
+    assert sub.raw == first  # lossless: every field, nested objects and nulls included
+    assert "lineItems" in sub.raw
+    assert plain == first
+    assert type(plain) is dict
+    assert isinstance(mine, Mine)
+    assert (mine.id, mine.customer_id, mine.raw) == (first["id"], first["customerId"], first)
+    assert isinstance(order, asyncsubs.Order)
+    assert order.subscription_id == order.raw["subscriptionId"]
+    assert isinstance(customer, asyncsubs.Customer)
+    assert customer.email == customer.raw["email"]
+    assert type(other) is dict
+
+
+async def test_missing_fields_never_fail(server: FakeAdminServer, make_client: MakeClient) -> None:
+    body = {
+        "success": True,
+        "message": "OK",
+        "code": "SUCCESS",
+        "data": [{"id": 1}, {"id": "x-2", "brandNewField": {"a": [1, None]}}],
+        "pageInfo": {"hasNextPage": False, "nextCursor": None},
+    }
+    server.enqueue(200, body, path="subscriptions")
+    async with make_client() as client:
+        subs = [s async for s in client.subscriptions.list()]
+    assert [s.id for s in subs] == [1, "x-2"]
+    assert subs[0].status is None
+    assert subs[1].raw["brandNewField"] == {"a": [1, None]}
+
+
+async def test_params_pass_through(server: FakeAdminServer, make_client: MakeClient) -> None:
+    async with make_client() as client:
+        active = [
+            s async for s in client.subscriptions.list(page_size=100, params={"status": "ACTIVE"})
+        ]
+    expected = [r["id"] for r in server.records("acme", "subscriptions") if r["status"] == "ACTIVE"]
+    assert [s.id for s in active] == expected
+    assert 0 < len(expected) < 1_000
+    assert all(r.query.get("status") == "ACTIVE" for r in server.requests)
+
+
+async def test_headers_on_every_request(server: FakeAdminServer, make_client: MakeClient) -> None:
+    async with make_client() as client:
+        await ids_of(client.orders.list(page_size=500))
+        await client.request("POST", "subscriptions/" + str(client_first_id(server)) + "/pause")
+    assert len(server.requests) >= 5
+    for record in server.requests:
+        assert record.headers["X-Service-Token"] == server.store("acme").token
+        assert record.headers["Content-Type"] == "application/json"
+        assert record.headers["User-Agent"] == f"asyncsubs/{asyncsubs.__version__}"
+        assert record.path.startswith("/admin/2026-04/")
+    first_query = server.requests[0].query
+    assert "afterCursor" not in first_query
+    assert first_query["pageSize"] == "500"
+
+
+def client_first_id(server: FakeAdminServer) -> Any:
+    return server.records("acme", "subscriptions")[0]["id"]
+
+
+async def test_request_non_list(server: FakeAdminServer, make_client: MakeClient) -> None:
+    sub_id = client_first_id(server)
+    async with make_client() as client:
+        resp = await client.request("POST", f"subscriptions/{sub_id}/pause", json={})
+        got = await client.request("GET", f"subscriptions/{sub_id}")
+    assert (resp.status, resp.code) == (200, "SUCCESS")
+    assert resp.data["status"] == "PAUSED"
+    assert got.data["id"] == sub_id
+    assert got.data["status"] == "PAUSED"
+
+
+@pytest.mark.parametrize(
+    ("setup", "call", "cls"),
+    [
+        ("bad_token", "list", errors.AuthenticationError),
+        ("forbidden", "list", errors.PermissionDeniedError),
+        ("none", "missing", errors.NotFoundError),
+        ("none", "bad_cursor", errors.BadRequestError),
+        ("script_500", "list", errors.ServerError),
+        ("script_429", "list", errors.RateLimitError),
+        ("script_422", "list", errors.BadRequestError),
+        ("script_200_false", "list", errors.APIError),
+    ],
+)
+async def test_error_classes_from_server(
+    server: FakeAdminServer, make_client: MakeClient, setup: str, call: str, cls: type
+) -> None:
+    store = "initech" if setup == "forbidden" else "acme"
+    token = "not-the-token-XYZ" if setup == "bad_token" else server.store(store).token
+    if setup == "script_500":
+        server.enqueue(500, {"success": False, "code": "INTERNAL_ERROR"}, times=None)
+    elif setup == "script_429":
+        server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "9999"})
+    elif setup == "script_422":
+        server.enqueue(422, {"success": False, "code": "VALIDATION_ERROR", "message": "bad"})
+    elif setup == "script_200_false":
+        server.enqueue(200, {"success": False, "code": "SOMETHING", "message": "no"})
+    async with make_client(store, token=token) as client:
+        if call == "list":
+            action = ids_of(client.orders.list(page_size=10))
+        elif call == "missing":
+            action = client.request("GET", "subscriptions/424242")
+        else:
+            action = ids_of(client.orders.list(after_cursor="garbage"))
+        with pytest.raises(cls) as info:
+            await action
+        assert type(info.value) is cls
+        text = f"{info.value} {info.value!r} {client!r}"
+        assert token not in text
+        assert server.store(store).token not in text
+        assert info.value.status >= 400 or setup == "script_200_false"
+
+
+async def test_cursor_loop_raises_protocol_error(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    loop_page = {
+        "success": True,
+        "code": "SUCCESS",
+        "data": [{"id": 1}],
+        "pageInfo": {"hasNextPage": True, "nextCursor": "same"},
+    }
+    server.enqueue(200, loop_page, path="orders", times=5)
+    seen: list[Any] = []
+
+    async def consume(client: AdminClient) -> None:
+        async for page in client.orders.list().pages():
+            seen.append(page)
+
+    async with make_client() as client:
+        with pytest.raises(errors.ProtocolError, match="returned before"):
+            await consume(client)
+    assert len(seen) == 1  # the repeating page itself is never yielded
+
+
+async def test_resume_cursor_repeated_by_server_is_a_loop(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    page = {
+        "success": True,
+        "code": "SUCCESS",
+        "data": [{"id": 1}],
+        "pageInfo": {"hasNextPage": True, "nextCursor": "start"},
+    }
+    server.enqueue(200, page, path="orders")
+    async with make_client() as client:
+        with pytest.raises(errors.ProtocolError):
+            await ids_of(client.orders.list(after_cursor="start"))
+
+
+@pytest.mark.parametrize("page_size", [0, -1, 1.5, "10", True])
+async def test_bad_page_size_before_any_request(
+    server: FakeAdminServer, make_client: MakeClient, page_size: Any
+) -> None:
+    async with make_client() as client:
+        with pytest.raises(errors.ConfigError):
+            client.subscriptions.list(page_size=page_size)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"params": {"afterCursor": "x"}},
+        {"params": {"status": object()}},
+        {"params": ["status"]},
+        {"after_cursor": ""},
+        {"model": int},
+    ],
+)
+async def test_bad_list_arguments(make_client: MakeClient, kwargs: dict[str, Any]) -> None:
+    async with make_client() as client:
+        with pytest.raises(errors.ConfigError):
+            client.orders.list(**kwargs)
+
+
+def test_config_from_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCSUBS_TOKEN", "env-TOKEN-77")
+    monkeypatch.setenv("ASYNCSUBS_BASE_URL", "https://subs.example")
+    client = AdminClient()
+    assert client.base_url == "https://subs.example/admin/2026-04/"
+    assert client.store.startswith("store-")
+    assert "env-TOKEN-77" not in repr(client)
+    assert "env-TOKEN-77" not in client.store
+    assert AdminClient(store="x").store == "x"
+    assert AdminClient(version="2027-01").base_url.endswith("/admin/2027-01/")
+    monkeypatch.delenv("ASYNCSUBS_TOKEN")
+    with pytest.raises(errors.ConfigError, match="token"):
+        AdminClient()
+    for bad in (
+        {"token": "t", "base_url": "http://shop.example"},
+        {"token": "t", "base_url": "https://x", "timeout": 0},
+        {"token": "t", "base_url": "https://x", "store": ""},
+        {"token": "t", "base_url": "https://x", "limits": {"global": 5}},
+        {"token": "t", "base_url": "https://x", "session": object()},
+    ):
+        with pytest.raises(errors.ConfigError):
+            AdminClient(**bad)
+    assert AdminClient(token="t", base_url="http://shop.example", allow_insecure=True)
+
+
+async def test_default_store_is_shared_by_same_token_and_base() -> None:
+    a = AdminClient(token="T1", base_url="https://a.example")
+    b = AdminClient(token="T1", base_url="https://a.example/")
+    c = AdminClient(token="T2", base_url="https://a.example")
+    assert a.store == b.store != c.store
+
+
+async def test_shared_session_is_not_closed(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with make_client(session=session) as client:
+            await ids_of(client.customers.list(page_size=250))
+        assert not session.closed
+        async with make_client(session=session) as again:
+            assert len(await ids_of(again.customers.list(page_size=250))) == 1_000
+
+
+async def test_closed_client_refuses(make_client: MakeClient) -> None:
+    client = make_client()
+    await client.aclose()
+    with pytest.raises(errors.ConfigError, match="closed"):
+        await client.request("GET", "subscriptions/1")
+
+
+async def test_token_never_logged(
+    server: FakeAdminServer, make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    server.enqueue(500, b"<html>oops</html>", {"Content-Type": "text/html"})
+    server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "1"})
+    async with make_client() as client:
+        await ids_of(client.orders.list(page_size=250))
+        with pytest.raises(errors.NotFoundError):
+            await client.request("GET", "nope")
+    assert caplog.records, "expected DEBUG logs from retries and the 429 pause"
+    assert server.store("acme").token not in caplog.text
+
+
+async def test_stats_count_requests_and_429s(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "1"})
+    async with make_client() as client:
+        await ids_of(client.orders.list(page_size=250))
+        stats = client.stats
+    orders = stats.pools["orders"]
+    assert orders.requests == 5  # 4 pages + the 429'd attempt
+    assert orders.rate_limited == 1
+    assert orders.retries == 1

@@ -1,0 +1,226 @@
+"""The pure protocol layer: requests, envelopes, error mapping. No network."""
+
+from __future__ import annotations
+
+import email.utils
+
+import orjson
+import pytest
+
+from asyncsubs import errors
+from asyncsubs._protocol import (
+    RawResponse,
+    build_request,
+    check_token,
+    clean_path,
+    error_class,
+    parse_page,
+    parse_response,
+    parse_retry_after,
+    versioned_base,
+)
+
+TOKEN = "tok-SECRET-123"
+
+
+def raw(status: int, body: object, headers: dict[str, str] | None = None) -> RawResponse:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    return RawResponse(status=status, headers=headers or {}, body=data)
+
+
+def envelope(data: object, has_next: bool = False, cursor: str | None = None) -> dict[str, object]:
+    return {
+        "success": True,
+        "message": "OK",
+        "code": "SUCCESS",
+        "data": data,
+        "pageInfo": {"hasNextPage": has_next, "nextCursor": cursor},
+    }
+
+
+def test_versioned_base_appends_admin_version() -> None:
+    assert versioned_base("https://x.test/", "2026-04") == "https://x.test/admin/2026-04/"
+    assert versioned_base("http://127.0.0.1:8080", "2026-04").startswith("http://127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "ftp://x.test", "https://", "x.test", "https://x.test/?a=1", "https://u:p@x.test"],
+)
+def test_bad_base_urls(url: str) -> None:
+    with pytest.raises(errors.ConfigError):
+        versioned_base(url, "2026-04")
+
+
+def test_plain_http_refused_unless_loopback_or_opted_in() -> None:
+    with pytest.raises(errors.ConfigError, match="unencrypted"):
+        versioned_base("http://shop.example.com", "2026-04")
+    assert versioned_base("http://localhost:1", "2026-04")
+    assert versioned_base("http://[::1]:1", "2026-04")
+    assert versioned_base("http://shop.example.com", "2026-04", allow_insecure=True)
+
+
+@pytest.mark.parametrize("version", ["", "2026/04", "../x", None])
+def test_bad_version(version: object) -> None:
+    with pytest.raises(errors.ConfigError):
+        versioned_base("https://x.test", version)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "token", ["", None, "Sec\r\nRet9", "SecRet9\x00", " SecRet9", "SecRet9\n", "SecRët9"]
+)
+def test_bad_tokens_rejected_without_echo(token: object) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        check_token(token)
+    if isinstance(token, str) and token:
+        assert token.strip() not in str(info.value)
+
+
+def test_clean_path() -> None:
+    assert clean_path("/subscriptions/") == "subscriptions"
+    assert clean_path("subscriptions/12 3/pause") == "subscriptions/12%203/pause"
+    for bad in ["", "/", "a/../b", "https://evil.test/x", "//evil.test", "a?b=1", "a//b"]:
+        with pytest.raises(errors.ConfigError):
+            clean_path(bad)
+
+
+def test_build_request_headers_and_query() -> None:
+    req = build_request(
+        "https://x.test/admin/2026-04/",
+        TOKEN,
+        "get",
+        "subscriptions",
+        params={"pageSize": 100, "afterCursor": "a b+c", "flag": True, "skip": None},
+    )
+    assert req.method == "GET"
+    assert req.url == (
+        "https://x.test/admin/2026-04/subscriptions?pageSize=100&afterCursor=a+b%2Bc&flag=true"
+    )
+    assert req.headers["X-Service-Token"] == TOKEN
+    assert req.headers["Content-Type"] == "application/json"
+    assert req.headers["User-Agent"].startswith("asyncsubs/")
+    assert TOKEN not in repr(req)
+    post = build_request("https://x.test/admin/2026-04/", TOKEN, "POST", "a", json={"k": 1})
+    assert post.body == b'{"k":1}'
+    assert not post.idempotent
+
+
+def test_parse_page_ok() -> None:
+    page = parse_page("GET", "subscriptions", raw(200, envelope([{"id": 1}], True, "c1")))
+    assert page.data == [{"id": 1}]
+    assert page.has_next_page
+    assert page.next_cursor == "c1"
+    last = parse_page("GET", "subscriptions", raw(200, envelope([], False, None)))
+    assert not last.has_next_page
+    assert last.next_cursor is None
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"<html>502</html>", "not valid JSON"),
+        (b'{"success": true, "data": [', "not valid JSON"),
+        (b"", "empty body"),
+        ([1, 2], "envelope"),
+        ("scalar", "envelope"),
+        ({"data": [], "pageInfo": {"hasNextPage": False}}, "'success'"),
+        ({"success": "yes", "data": [], "pageInfo": {"hasNextPage": False}}, "'success'"),
+        ({"success": True, "pageInfo": {"hasNextPage": False}}, "'data'"),
+        ({"success": True, "data": {}, "pageInfo": {"hasNextPage": False}}, "'data'"),
+        ({"success": True, "data": []}, "'pageInfo'"),
+        ({"success": True, "data": [], "pageInfo": []}, "'pageInfo'"),
+        ({"success": True, "data": [], "pageInfo": {"hasNextPage": "true"}}, "hasNextPage"),
+        (
+            {"success": True, "data": [1], "pageInfo": {"hasNextPage": True, "nextCursor": 5}},
+            "nextCursor",
+        ),
+        (envelope([{"id": 1}], True, None), "no nextCursor"),
+        (envelope([{"id": 1}], True, ""), "no nextCursor"),
+        (envelope([], True, "c"), "empty page"),
+    ],
+)
+def test_parse_page_contract_violations(body: object, fragment: str) -> None:
+    with pytest.raises(errors.ProtocolError, match=fragment) as info:
+        parse_page("GET", "subscriptions", raw(200, body))
+    assert "GET subscriptions" in str(info.value)
+    assert info.value.path == "subscriptions"
+
+
+def test_truncated_json_is_transient_but_bad_envelope_is_not() -> None:
+    with pytest.raises(errors.ProtocolError) as info:
+        parse_page("GET", "s", raw(200, b'{"success": tr'))
+    assert info.value.transient
+    with pytest.raises(errors.ProtocolError) as info:
+        parse_page("GET", "s", raw(200, [1]))
+    assert not info.value.transient
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "cls"),
+    [
+        (400, "BAD_REQUEST", errors.BadRequestError),
+        (422, None, errors.BadRequestError),
+        (401, "UNAUTHORIZED", errors.AuthenticationError),
+        (403, "FORBIDDEN", errors.PermissionDeniedError),
+        (404, "NOT_FOUND", errors.NotFoundError),
+        (429, "RATE_LIMITED", errors.RateLimitError),
+        (500, "INTERNAL_ERROR", errors.ServerError),
+        (503, None, errors.ServerError),
+        (409, "CONFLICT", errors.APIError),
+        (200, "UNAUTHORIZED", errors.AuthenticationError),
+        (200, "RATE_LIMITED", errors.RateLimitError),
+        (200, "WEIRD", errors.APIError),
+    ],
+)
+def test_error_mapping(status: int, code: str | None, cls: type[errors.APIError]) -> None:
+    assert error_class(status, code) is cls
+    body = {"success": False, "code": code, "message": "nope", "data": None}
+    with pytest.raises(errors.APIError) as info:
+        parse_response("GET", "subscriptions/7", raw(status, body, {"retry-after": "3"}))
+    exc = info.value
+    assert type(exc) is cls
+    assert exc.status == status
+    assert exc.code == code
+    assert exc.message == "nope"
+    assert exc.body == body
+    assert "GET subscriptions/7" in str(exc)
+    assert f"HTTP {status}" in str(exc)
+    if cls is errors.RateLimitError:
+        assert isinstance(exc, errors.RateLimitError)
+        assert exc.retry_after == 3.0
+
+
+def test_auth_error_points_to_admin_portal() -> None:
+    with pytest.raises(errors.AuthenticationError, match=r"Settings > API Tokens"):
+        parse_response("GET", "x", raw(401, {"success": False, "code": "UNAUTHORIZED"}))
+
+
+def test_html_error_page_is_server_error_with_excerpt() -> None:
+    html = b"<html><body><h1>502 Bad Gateway</h1>" + b"x" * 5000 + b"</body></html>"
+    with pytest.raises(errors.ServerError) as info:
+        parse_response("GET", "x", raw(502, html))
+    assert "502 Bad Gateway" in str(info.value)
+    assert len(str(info.value)) < 400
+
+
+def test_redirect_is_not_followed() -> None:
+    with pytest.raises(errors.ProtocolError, match="not followed"):
+        parse_response("GET", "x", raw(307, b"", {"location": "https://other.test/"}))
+
+
+def test_parse_response_tolerates_non_envelope_and_empty() -> None:
+    resp = parse_response("POST", "x", raw(200, envelope({"id": 1})))
+    assert (resp.data, resp.code, resp.message, resp.status) == ({"id": 1}, "SUCCESS", "OK", 200)
+    assert parse_response("POST", "x", raw(200, {"id": 2})).data == {"id": 2}
+    assert parse_response("DELETE", "x", RawResponse(204, {}, b"")).data is None
+
+
+def test_retry_after_forms() -> None:
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("nan") is None
+    date = email.utils.formatdate(1_000_030, usegmt=True)
+    assert parse_retry_after(date, now=1_000_000) == pytest.approx(30.0)

@@ -1,0 +1,79 @@
+"""The public names promised in shared/API.md exist and __all__ is explicit and sorted."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import asyncsubs
+from asyncsubs import errors
+
+API_MD_NAMES = {
+    "AdminClient",
+    "Limits",
+    "Rate",
+    "RetryPolicy",
+    "Subscription",
+    "Customer",
+    "Order",
+    "AsyncSubsError",
+    "ConfigError",
+    "TransportError",
+    "ProtocolError",
+    "APIError",
+    "BadRequestError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "RateLimitError",
+    "ServerError",
+}
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert asyncsubs.__all__ == sorted(asyncsubs.__all__)
+    assert set(asyncsubs.__all__) >= API_MD_NAMES
+    for name in asyncsubs.__all__:
+        assert hasattr(asyncsubs, name), name
+
+
+def test_error_tree_matches_api_md() -> None:
+    assert issubclass(errors.ConfigError, ValueError)
+    for name in ("ConfigError", "TransportError", "ProtocolError", "APIError"):
+        assert getattr(errors, name).__mro__[1] is errors.AsyncSubsError
+    for name in ("BadRequestError", "AuthenticationError", "NotFoundError", "RateLimitError"):
+        assert getattr(errors, name).__mro__[1] is errors.APIError
+    assert errors.ServerError.__mro__[1] is errors.APIError
+    assert errors.PermissionDeniedError.__mro__[1] is errors.AuthenticationError
+    for name in errors.__all__:
+        assert getattr(asyncsubs, name) is getattr(errors, name)
+
+
+@pytest.mark.parametrize("model", [asyncsubs.Subscription, asyncsubs.Customer, asyncsubs.Order])
+def test_models_are_frozen_slotted_attrs(model: type) -> None:
+    assert attrs.has(model)
+    assert "__slots__" in model.__dict__
+    fields = attrs.fields_dict(model)
+    assert {"id", "raw"} <= set(fields)
+    record = model(id=1, raw={"id": 1})
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        record.id = 2  # type: ignore[misc]
+
+
+def test_config_objects_are_frozen_and_validated() -> None:
+    assert asyncsubs.Rate(2, per=3.0).interval == pytest.approx(1.5)
+    with pytest.raises(asyncsubs.ConfigError):
+        asyncsubs.Rate(0)
+    with pytest.raises(asyncsubs.ConfigError):
+        asyncsubs.Rate(5, per=-1)
+    with pytest.raises(asyncsubs.ConfigError):
+        asyncsubs.Limits(max_in_flight=0)
+    with pytest.raises(asyncsubs.ConfigError):
+        asyncsubs.Limits(heavy={"orders": 5})  # type: ignore[dict-item]
+    with pytest.raises(asyncsubs.ConfigError):
+        asyncsubs.RetryPolicy(max_attempts=0)
+    limits = asyncsubs.Limits(heavy={"/subscriptions/": asyncsubs.Rate(2, per=3.0)})
+    assert limits.pool_for("GET", "subscriptions") == "subscriptions"
+    assert limits.pool_for("GET", "subscriptions/5") == "global"
+    assert limits.pool_for("POST", "subscriptions") == "global"
+    assert limits.pool_for("GET", "orders") == "global"
