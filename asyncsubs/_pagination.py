@@ -11,6 +11,8 @@ retried (by the client) with the same cursor, so no record is skipped or yielded
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -26,6 +28,9 @@ __all__ = ["ListCall", "ListEndpoint"]
 T = TypeVar("T")
 PAGE_SIZE: Final = "pageSize"
 AFTER_CURSOR: Final = "afterCursor"
+#: Pages fetched ahead of the consumer by default: overlaps one network wait with the caller's
+#: work on the current page, for at most one extra page in memory.
+DEFAULT_PREFETCH: Final = 1
 
 
 def _check_page_size(page_size: object) -> int | None:
@@ -68,7 +73,9 @@ class ListCall(Generic[T]):
         after_cursor: str | None,
         params: dict[str, Any],
         structure: Callable[[Any], T] | None,
+        prefetch: int = DEFAULT_PREFETCH,
     ) -> None:
+        self._prefetch = prefetch
         self._client = client
         self._path = path
         self._page_size = page_size
@@ -83,7 +90,45 @@ class ListCall(Generic[T]):
         )
 
     async def pages(self) -> AsyncIterator[Page[T]]:
-        """Yield each page; ``page.next_cursor`` is the checkpoint to resume from."""
+        """Yield each page; ``page.next_cursor`` is the checkpoint to resume from.
+
+        With ``prefetch=N`` the next pages are fetched in the background while the caller works
+        on the current one, never more than N pages ahead of it. Pages are still yielded in
+        order, and an error surfaces after every page before it has been yielded.
+        """
+        if self._prefetch == 0:
+            async for page in self._fetch_pages():
+                yield page
+            return
+        # One credit per page fetched; the consumer returns one each time it asks for the next
+        # page, so fetched-but-unconsumed pages never exceed `prefetch`.
+        credits = asyncio.Semaphore(self._prefetch + 1)
+        ready: asyncio.Queue[Page[T] | BaseException | None] = asyncio.Queue()
+
+        async def produce() -> None:
+            try:
+                async for page in self._fetch_pages(credits):
+                    ready.put_nowait(page)
+            except Exception as exc:
+                ready.put_nowait(exc)
+            else:
+                ready.put_nowait(None)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (item := await ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                credits.release()
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+    async def _fetch_pages(
+        self, credits: asyncio.Semaphore | None = None
+    ) -> AsyncIterator[Page[T]]:
         cursor = self._after_cursor
         seen: set[str] = set() if cursor is None else {cursor}
         query = dict(self._params)
@@ -94,6 +139,8 @@ class ListCall(Generic[T]):
                 query.pop(AFTER_CURSOR, None)
             else:
                 query[AFTER_CURSOR] = cursor
+            if credits is not None:
+                await credits.acquire()
             envelope = await self._client._get_page(self._path, query)
             next_cursor = envelope.next_cursor if envelope.has_next_page else None
             if next_cursor is not None:
@@ -144,6 +191,7 @@ class ListEndpoint(Generic[T]):
         after_cursor: str | None = None,
         params: Mapping[str, Any] | None = None,
         model: type[Any] | None = None,
+        prefetch: int = DEFAULT_PREFETCH,
     ) -> ListCall[Any]:
         """Records of this endpoint, fetched page by page.
 
@@ -151,7 +199,10 @@ class ListEndpoint(Generic[T]):
         - ``after_cursor``: resume after a page whose ``next_cursor`` you saved.
         - ``params``: extra query parameters passed through (e.g. ``{"status": "ACTIVE"}``).
         - ``model``: ``dict`` for plain dicts (no structuring cost), or any attrs class.
+        - ``prefetch``: pages fetched ahead while you work on the current one (0 = none).
         """
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
             raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
         return ListCall(
@@ -161,4 +212,5 @@ class ListEndpoint(Generic[T]):
             after_cursor=after_cursor,
             params=_check_params(params),
             structure=structurer_for(self.model if model is None else model),
+            prefetch=prefetch,
         )

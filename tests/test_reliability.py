@@ -1,0 +1,335 @@
+"""Retries, injected faults, exactly-once pulls, hostile responses and token safety.
+
+Everything runs against real aiohttp servers on loopback; retry backoffs are switched off by the
+autouse ``no_retry_waits`` fixture, so no test waits out a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, Faults
+
+MakeClient = Callable[..., AdminClient]
+
+
+async def all_ids(call: Any) -> list[Any]:
+    return [r["id"] async for r in call]
+
+
+async def test_transient_failures_are_retried_transparently(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.enqueue(500, {"success": False, "code": "INTERNAL_ERROR"}, path="orders")
+    server.enqueue(502, b"<html>Bad Gateway</html>", {"Content-Type": "text/html"}, "orders")
+    server.enqueue(200, b'{"success": true, "data": [{"id"', path="orders")  # truncated
+    server.enqueue(503, b"", path="orders")
+    async with make_client() as client:
+        got = await all_ids(client.orders.list(page_size=250, model=dict))
+        stats = client.stats
+    assert got == [r["id"] for r in server.records("acme", "orders")]
+    assert stats.pools["orders"].retries == 4
+
+
+async def test_errors_after_retries_carry_attempts_and_cause(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.enqueue(503, {"success": False, "code": "UNAVAILABLE"}, times=None)
+    async with make_client(retry=RetryPolicy(max_attempts=3)) as client:
+        with pytest.raises(errors.ServerError) as info:
+            await client.request("GET", "subscriptions/1")
+    assert info.value.attempts == 3
+    assert len(server.requests) == 3
+
+
+async def test_connection_refused_is_retried_even_for_post() -> None:
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with AdminClient(
+        token="t", base_url=f"http://127.0.0.1:{port}", retry=RetryPolicy(max_attempts=3)
+    ) as client:
+        with pytest.raises(errors.TransportError, match="cannot connect") as info:
+            await client.request("POST", "subscriptions/1/pause", json={})
+    assert info.value.attempts == 3
+    assert not info.value.maybe_processed
+    assert info.value.__cause__ is not None
+
+
+async def test_post_not_retried_after_a_5xx_unless_opted_in(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    sub_id = server.records("acme", "subscriptions")[0]["id"]
+    server.enqueue(500, {"success": False, "code": "INTERNAL_ERROR"}, method="POST")
+    async with make_client() as client:
+        with pytest.raises(errors.ServerError) as info:
+            await client.request("POST", f"subscriptions/{sub_id}/pause", json={})
+    assert info.value.attempts == 1
+    server.enqueue(500, {"success": False, "code": "INTERNAL_ERROR"}, method="POST")
+    async with make_client(retry=RetryPolicy(retry_non_idempotent=True)) as client:
+        resp = await client.request("POST", f"subscriptions/{sub_id}/pause", json={})
+    assert resp.data["status"] == "PAUSED"
+
+
+async def test_post_retried_after_429(server: FakeAdminServer, make_client: MakeClient) -> None:
+    sub_id = server.records("acme", "subscriptions")[0]["id"]
+    server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "1"})
+    async with make_client() as client:
+        resp = await client.request("POST", f"subscriptions/{sub_id}/pause", json={})
+    assert resp.status == 200
+
+
+async def test_retry_after_beyond_cap_fails_fast(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "3600"})
+    async with make_client(retry=RetryPolicy(max_retry_after=60)) as client:
+        with pytest.raises(errors.RateLimitError) as info:
+            await client.request("GET", "subscriptions/1")
+    assert info.value.retry_after == 3600
+    assert info.value.attempts == 1
+
+
+async def test_timeout_is_retried_then_surfaces_as_transport_error(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.faults = Faults(slow=1.0, slow_seconds=30)
+    async with make_client(timeout=0.2, retry=RetryPolicy(max_attempts=2)) as client:
+        with pytest.raises(errors.TransportError, match=r"within 0\.2s") as info:
+            await client.request("GET", "subscriptions/1")
+    assert info.value.attempts == 2
+
+
+async def test_pull_through_every_fault_kind_is_exact() -> None:
+    faults = Faults(
+        seed=7,
+        error_500=0.1,
+        html_502=0.1,
+        reset=0.1,
+        truncate=0.1,
+        rate_limit_no_retry_after=0.05,
+    )
+    async with FakeAdminServer(
+        stores=[FakeStoreConfig("s", records={"subscriptions": 3_000})],
+        rate_limits=None,
+        faults=faults,
+    ) as server:
+        async with AdminClient(
+            token=server.store("s").token,
+            base_url=server.base_url,
+            store="s",
+            limits=Limits(heavy={"subscriptions": Rate(10_000)}),
+            retry=RetryPolicy(max_attempts=10),
+        ) as client:
+            got = await all_ids(client.subscriptions.list(page_size=50, model=dict))
+            retries = client.stats.pools["subscriptions"].retries
+        assert got == [r["id"] for r in server.records("s", "subscriptions")]
+        injected = server.fault_counts
+        assert sum(injected.values()) == retries > 0
+        assert {k for k, v in injected.items() if v} >= {"error_500", "html_502", "reset"}
+
+
+async def test_interrupted_pull_resumes_exactly(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    expected = [r["id"] for r in server.records("acme", "subscriptions")]
+    for k in (1, 3, 7):
+        got: list[Any] = []
+        checkpoint = None
+        async with make_client() as client:
+            async for page in client.subscriptions.list(page_size=100, model=dict).pages():
+                got.extend(r["id"] for r in page.data)
+                checkpoint = page.next_cursor
+                if len(got) >= k * 100:
+                    break  # the process "dies" here, after committing page k
+        async with make_client() as client:
+            got += await all_ids(
+                client.subscriptions.list(page_size=100, after_cursor=checkpoint, model=dict)
+            )
+        assert got == expected
+
+
+async def test_oversized_body_refused(server: FakeAdminServer, make_client: MakeClient) -> None:
+    big = b'{"success": true, "data": "' + b"x" * 300_000 + b'"}'
+    server.enqueue(200, big, path="subscriptions/1")
+    async with make_client(max_response_bytes=100_000) as client:
+        with pytest.raises(errors.ProtocolError, match="max_response_bytes"):
+            await client.request("GET", "subscriptions/1")
+
+
+async def test_oversized_chunked_body_refused_without_reading_it_all(
+    make_client: MakeClient,
+) -> None:
+    sent = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        try:
+            for _ in range(1_000):  # up to 64 MiB, far beyond the cap
+                await resp.write(b"x" * 65_536)
+                sent += 65_536
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/admin/2026-04/huge", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with make_client(
+            base_url=f"http://127.0.0.1:{port}", max_response_bytes=1_000_000
+        ) as client:
+            with pytest.raises(errors.ProtocolError, match="exceeds"):
+                await client.request("GET", "huge")
+    finally:
+        await runner.cleanup()
+    assert sent < 64 * 1024 * 1024
+
+
+async def test_redirect_never_carries_the_token_to_another_origin(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({"success": True, "data": None})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.2" if _has_127_0_0_2() else "127.0.0.1", 0)
+    await site.start()
+    host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+    try:
+        server.redirect("subscriptions/1", f"http://{host}:{port}/steal", times=None)
+        async with make_client() as client:
+            with pytest.raises(errors.ProtocolError, match="not followed") as info:
+                await client.request("GET", "subscriptions/1")
+    finally:
+        await runner.cleanup()
+    assert seen == []
+    assert server.store("acme").token not in str(info.value)
+
+
+def _has_127_0_0_2() -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.2", 0))
+    except OSError:
+        return False
+    return True
+
+
+_STATUSES = [200, 201, 204, 301, 302, 307, 400, 401, 403, 404, 408, 409, 418, 422, 429, 500, 502]
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+_envelopes = st.fixed_dictionaries(
+    {},
+    optional={
+        "success": st.sampled_from([True, False, None, "true", 1]),
+        "data": st.one_of(st.lists(_json_values, max_size=3), _json_values),
+        "code": st.one_of(st.none(), st.text(max_size=10), st.integers()),
+        "message": st.one_of(st.none(), st.text(max_size=10)),
+        "pageInfo": st.one_of(
+            _json_values,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "hasNextPage": st.one_of(st.booleans(), _json_values),
+                    "nextCursor": st.one_of(st.none(), st.text(max_size=6), st.integers()),
+                },
+            ),
+        ),
+    },
+)
+_bodies = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([b"[-9223372036854775809]", b'{"success": true, "data": [1e999]}', b"\xff"]),
+    _envelopes,
+    _json_values.map(lambda v: v if isinstance(v, dict | list) else [v]),
+)
+_headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "Retry-After": st.sampled_from(["1", "0", "-1", "nan", "1e9", "soon", "Wed, 21 Oct 2015"]),
+        "Content-Type": st.sampled_from(["application/json", "text/html", "text/plain"]),
+    },
+)
+
+
+def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
+    """Generated statuses, bodies and headers: every call ends, within its timeout, either
+    with a result or an asyncsubs error; nothing else escapes."""
+    loop = asyncio.new_event_loop()
+    server = FakeAdminServer(stores=[FakeStoreConfig("h", records=3)], rate_limits=None)
+    loop.run_until_complete(server.start())
+    client = AdminClient(
+        token=server.store("h").token,
+        base_url=server.base_url,
+        store="h",
+        timeout=2.0,
+        retry=RetryPolicy(max_attempts=2),
+        limits=Limits(global_rate=Rate(100_000), heavy={"subscriptions": Rate(100_000)}),
+    )
+
+    async def one_call(kind: int) -> None:
+        if kind == 0:
+            await client.request("GET", "subscriptions/1")
+        elif kind == 1:
+            await client.request("POST", "subscriptions/1/pause", json={})
+        else:
+            async for _ in client.list_endpoint("subscriptions").list(page_size=2):
+                pass
+
+    @settings(
+        max_examples=120,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(
+        status=st.sampled_from(_STATUSES),
+        body=_bodies,
+        headers=_headers,
+        kind=st.integers(0, 2),
+    )
+    def check(status: int, body: Any, headers: dict[str, str], kind: int) -> None:
+        server.clear_scripted()
+        if status == 204:
+            body = None
+        server.enqueue(status, body, headers, times=None)
+        try:
+            loop.run_until_complete(asyncio.wait_for(one_call(kind), timeout=10))
+        except errors.AsyncSubsError:
+            pass
+
+    try:
+        check()
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(server.close())
+        loop.close()
