@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import attrs
 
+from ._frozen import FrozenMap
 from .errors import ConfigError
 
 __all__ = ["DEFAULT_HEAVY", "Limits", "Rate", "RetryPolicy"]
@@ -62,7 +62,7 @@ class Rate:
 
 #: Heavy list endpoints and their isolated pools. The interface says only that these pools are
 #: "small"; one request per second each is a conservative guess that real stores tolerate.
-DEFAULT_HEAVY: Mapping[str, Rate] = MappingProxyType(
+DEFAULT_HEAVY: Mapping[str, Rate] = FrozenMap(
     {
         "subscriptions": Rate(1, per=1.0),
         "customers": Rate(1, per=1.0),
@@ -83,7 +83,7 @@ def _freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
         if not isinstance(rate, Rate):
             raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate, got {rate!r}")
         frozen[path.strip("/")] = rate
-    return MappingProxyType(frozen)
+    return FrozenMap(frozen)
 
 
 @attrs.frozen

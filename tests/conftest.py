@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from asyncsubs import AdminClient, Limits, Rate
-from asyncsubs._retry import set_waiting
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
 
 RESOURCES = ("subscriptions", "customers", "orders")
 #: Limits that never make a functional test wait (rate limiting has its own tests).
@@ -27,9 +26,8 @@ def fast_limits() -> Limits:
 @pytest.fixture(autouse=True)
 def no_retry_waits() -> Iterator[None]:
     """Retry backoffs and 429 pauses take no time in tests (stamina-style testing switch)."""
-    previous = set_waiting(False)
-    yield
-    set_waiting(previous)
+    with no_waiting():
+        yield
 
 
 @pytest.fixture

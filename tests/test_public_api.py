@@ -77,3 +77,15 @@ def test_config_objects_are_frozen_and_validated() -> None:
     assert limits.pool_for("GET", "subscriptions/5") == "global"
     assert limits.pool_for("POST", "subscriptions") == "global"
     assert limits.pool_for("GET", "orders") == "global"
+
+
+def test_config_objects_pickle_and_hash() -> None:
+    """Workers in other processes receive the same Limits/RetryPolicy objects."""
+    import pickle
+
+    limits = asyncsubs.Limits(heavy={"orders": asyncsubs.Rate(2, per=3.0)}, max_in_flight=8)
+    policy = asyncsubs.RetryPolicy(max_attempts=3)
+    for obj in (limits, policy, asyncsubs.Limits()):
+        copy = pickle.loads(pickle.dumps(obj))
+        assert copy == obj
+        assert hash(copy) == hash(obj)

@@ -1,0 +1,169 @@
+"""Running a ``FakeAdminServer`` outside the caller's event loop.
+
+Benchmarks want the server in its own process, so its CPU time does not count against the client
+under test; the CLI's ``fake-server`` wants a blocking ``serve_forever``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import signal
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import attrs
+import orjson
+
+from ._limits import StoreStats
+from ._server import FakeAdminServer
+
+__all__ = ["RemoteFakeServer", "run_in_process", "serve", "serve_forever"]
+
+
+async def serve(
+    *,
+    ready: Callable[[FakeAdminServer], None] | None = None,
+    stop: asyncio.Event | None = None,
+    **server_kwargs: Any,
+) -> None:
+    """Run a ``FakeAdminServer(**server_kwargs)`` until ``stop`` is set or SIGINT/SIGTERM.
+
+    ``ready(server)`` is called once it listens (e.g. to print ``server.base_url``/tokens).
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+    try:
+        async with FakeAdminServer(**server_kwargs) as server:
+            if ready is not None:
+                ready(server)
+            await stop.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def serve_forever(
+    *,
+    ready: Callable[[FakeAdminServer], None] | None = None,
+    use_uvloop: bool = False,
+    **server_kwargs: Any,
+) -> None:
+    """Blocking ``serve``: a fresh event loop (uvloop if asked and installed) until a signal."""
+    runner: Callable[..., Any] = asyncio.run
+    if use_uvloop:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            runner = uvloop.run
+    runner(serve(ready=ready, **server_kwargs))
+
+
+def _child(conn: Connection, use_uvloop: bool, server_kwargs: dict[str, Any]) -> None:
+    def ready(server: FakeAdminServer) -> None:
+        conn.send(("ok", server.base_url, server.version, server.tokens))
+
+    try:
+        serve_forever(ready=ready, use_uvloop=use_uvloop, **server_kwargs)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        conn.close()
+
+
+@attrs.define
+class RemoteFakeServer:
+    """Handle on a fake server in another process (from ``run_in_process``)."""
+
+    base_url: str
+    version: str
+    tokens: Mapping[str, str]
+    process: BaseProcess
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.base_url}/admin/{self.version}/"
+
+    def _control(self, method: str, path: str) -> Any:
+        request = urllib.request.Request(f"{self.base_url}/_fake/{path}", method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:  # loopback only
+            return orjson.loads(response.read())
+
+    def stats(self, store: str) -> StoreStats:
+        """Counters of ``store`` (pool start times are the child's loop clock)."""
+        return StoreStats.from_dict(self._control("GET", "stats")[store])
+
+    def reset_stats(self, store: str | None = None) -> None:
+        query = "" if store is None else "?" + urllib.parse.urlencode({"store": store})
+        self._control("POST", f"reset-stats{query}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (graceful close), then SIGKILL after ``timeout``."""
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+
+    def __enter__(self) -> RemoteFakeServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def run_in_process(
+    *, start_timeout: float = 30.0, use_uvloop: bool = False, **server_kwargs: Any
+) -> RemoteFakeServer:
+    """Start ``FakeAdminServer(**server_kwargs)`` in a spawned process; returns once it listens.
+
+    Arguments must be picklable (the config classes are). The child is spawned, not forked, so a
+    script calling this needs the usual ``if __name__ == "__main__":`` guard. Use as a context
+    manager or call ``stop()``::
+
+        with run_in_process(stores=4, records=100_000, rate_limits=None) as remote:
+            remote.base_url, remote.tokens["store-1"]
+    """
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_child,
+        args=(sender, use_uvloop, server_kwargs),
+        name="asyncsubs-fake-server",
+        daemon=True,
+    )
+    process.start()
+    sender.close()
+    try:
+        if not receiver.poll(start_timeout):
+            raise RuntimeError(f"fake server did not start within {start_timeout} s")
+        try:
+            message = receiver.recv()
+        except EOFError:
+            raise RuntimeError("fake server process exited before it started") from None
+    except BaseException:
+        process.kill()
+        process.join()
+        raise
+    finally:
+        receiver.close()
+    if message[0] != "ok":
+        process.join(5)
+        raise RuntimeError(f"fake server failed to start: {message[1]}")
+    _, base_url, version, tokens = message
+    return RemoteFakeServer(base_url=base_url, version=version, tokens=tokens, process=process)
