@@ -71,7 +71,8 @@ DEFAULT_HEAVY: Mapping[str, Rate] = FrozenMap(
 )
 
 
-def _freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
+def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
+    """Validate a path -> Rate mapping of heavy pools (paths stripped of slashes), frozen."""
     if value is None:
         return DEFAULT_HEAVY
     if not isinstance(value, Mapping):
@@ -84,6 +85,17 @@ def _freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
             raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate, got {rate!r}")
         frozen[path.strip("/")] = rate
     return FrozenMap(frozen)
+
+
+def heavy_pool_for(heavy: Mapping[str, Rate], method: str, path: str) -> str:
+    """The pool a request draws on: a heavy path for GETs of a heavy list, else "global".
+
+    Shared by the client's Limits and the fake server's limits, so both split alike."""
+    if method == "GET":
+        key = path.strip("/")
+        if key in heavy:
+            return key
+    return "global"
 
 
 @attrs.frozen
@@ -99,7 +111,7 @@ class Limits:
     """
 
     global_rate: Rate = Rate(50, per=1.0)
-    heavy: Mapping[str, Rate] = attrs.field(default=None, converter=_freeze_heavy)
+    heavy: Mapping[str, Rate] = attrs.field(default=None, converter=freeze_heavy)
     max_in_flight: int = 64
     safety_margin: float = 0.02
 
@@ -113,11 +125,7 @@ class Limits:
 
     def pool_for(self, method: str, path: str) -> str:
         """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
-        if method == "GET":
-            key = path.strip("/")
-            if key in self.heavy:
-                return key
-        return "global"
+        return heavy_pool_for(self.heavy, method, path)
 
     def rate_for(self, pool: str) -> Rate:
         return self.global_rate if pool == "global" else self.heavy[pool]

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, Protocol
 
 import attrs
 
-from .._config import Rate
+from .._config import Rate, freeze_heavy, heavy_pool_for
 from .._frozen import FrozenMap
 
 __all__ = [
@@ -45,19 +45,6 @@ DEFAULT_SERVER_HEAVY: Final[Mapping[str, Rate]] = FrozenMap(
 _DEFAULT_GLOBAL: Final = Rate(50, per=1.0)
 
 
-def _freeze_heavy(value: Mapping[str, Rate]) -> Mapping[str, Rate]:
-    if not isinstance(value, Mapping):
-        raise TypeError("heavy must be a mapping of path -> Rate")
-    frozen: dict[str, Rate] = {}
-    for path, rate in value.items():
-        if not isinstance(path, str) or not path.strip("/"):
-            raise ValueError(f"heavy keys must be non-empty paths, got {path!r}")
-        if not isinstance(rate, Rate):
-            raise TypeError(f"heavy[{path!r}] must be a Rate, got {rate!r}")
-        frozen[path.strip("/")] = rate
-    return FrozenMap(frozen)
-
-
 def _check_window(_: object, __: attrs.Attribute[str], value: str) -> None:
     if value not in _WINDOWS:
         raise ValueError(f"window must be one of {_WINDOWS}, got {value!r}")
@@ -78,7 +65,7 @@ class ServerRateLimits:
 
     global_rate: Rate = _DEFAULT_GLOBAL
     heavy: Mapping[str, Rate] = attrs.field(
-        factory=lambda: DEFAULT_SERVER_HEAVY, converter=_freeze_heavy
+        factory=lambda: DEFAULT_SERVER_HEAVY, converter=freeze_heavy
     )
     window: Window = attrs.field(default="sliding", validator=_check_window)
     retry_after_float: bool = False
@@ -90,11 +77,7 @@ class ServerRateLimits:
 
     def pool_for(self, method: str, path: str) -> str:
         """``"global"`` or the heavy path whose isolated pool this request draws on."""
-        if method == "GET":
-            key = path.strip("/")
-            if key in self.heavy:
-                return key
-        return "global"
+        return heavy_pool_for(self.heavy, method, path)
 
     def rate_for(self, pool: str) -> Rate:
         return self.global_rate if pool == "global" else self.heavy[pool]
