@@ -289,7 +289,8 @@ def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIErr
         text += f": {excerpt(message)}"
     elif decoded is None and raw.body:
         text += f": {excerpt(raw.body)!r}"
-    if hint := _HINTS.get(cls):
+    hint = _HINTS.get(cls)
+    if hint and (message is None or "API Tokens" not in message):
         text += f" ({hint})"
     kwargs: dict[str, Any] = {
         "status": raw.status,

@@ -7,24 +7,29 @@ changing over time, webhooks) can hook in through ``add_record``/``update_record
 
 from __future__ import annotations
 
+import calendar
 import gc
 import hashlib
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from datetime import datetime
 from typing import Any, Final, Literal
 
 import attrs
 import orjson
 
-from ._data import RESOURCES, StoreData, interval_seconds, iso
 from .._frozen import FrozenMap
+from ._data import RESOURCES, StoreData, interval_seconds, iso
 from ._limits import ServerRateLimits, StoreCounters, StoreLimiter, StoreStats
 
 __all__ = [
     "DEFAULT_RECORDS",
     "ChangeEvent",
+    "ChangeKind",
+    "ChangedSince",
     "FakeStore",
     "FakeStoreConfig",
+    "parse_timestamp",
     "SubscriptionAction",
     "TransitionError",
 ]
@@ -87,14 +92,56 @@ def derive_token(seed: int, name: str) -> str:
     return f"fake_{digest}"
 
 
+ChangeKind = Literal["created", "updated", "deleted"]
+
+
 @attrs.frozen
 class ChangeEvent:
-    """A record of ``store`` was ``created`` or ``updated``; ``record`` is a copy of it."""
+    """A record of ``store`` was ``created``, ``updated`` or ``deleted``; ``record`` is a copy of
+    it (for ``deleted``, its last state)."""
 
     store: str
     resource: str
-    kind: Literal["created", "updated"]
+    kind: ChangeKind
     record: Mapping[str, Any]
+
+
+def parse_timestamp(value: object) -> float | None:
+    """Seconds since the epoch of an ISO-8601 timestamp (``Z`` or an offset; naive means UTC),
+    or None when ``value`` is not one."""
+    if not isinstance(value, str) or not 10 <= len(value) <= 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return calendar.timegm(parsed.timetuple()) + parsed.microsecond / 1e6
+    return parsed.timestamp()
+
+
+def _is_canonical(value: str) -> bool:
+    # The fake's own stamps ("2026-01-02T03:04:05Z") order correctly as strings.
+    return len(value) == 20 and value[10] == "T" and value[-1] == "Z"
+
+
+class ChangedSince:
+    """The incremental filter: a record matches when its change field is at or after ``since``.
+
+    A record whose field is missing or unparseable always matches: sending too much is harmless
+    to an incremental pull, leaving a change out is not.
+    """
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        # Whole seconds: a fractional `since` rounds down, so the same second still matches.
+        self.key = iso(since)
+
+    def __call__(self, value: object) -> bool:
+        if isinstance(value, str) and _is_canonical(value):
+            return value >= self.key
+        stamp = parse_timestamp(value)
+        return stamp is None or stamp >= int(self.since)
 
 
 class TransitionError(ValueError):
@@ -137,7 +184,7 @@ class FakeStore:
         self.listeners: list[Callable[[ChangeEvent], None]] = []
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{r}={len(self.data[r])}" for r in RESOURCES)
+        sizes = ", ".join(f"{r}={self.data[r].live_count}" for r in RESOURCES)
         return f"<FakeStore {self.name!r} {sizes}>"
 
     # --- configuration ------------------------------------------------------------------------
@@ -158,9 +205,12 @@ class FakeStore:
     # --- reading ------------------------------------------------------------------------------
 
     def records(self, resource: str, *, status: str | None = None) -> list[dict[str, Any]]:
-        """Copies of all records of ``resource`` in server order (optionally one status)."""
+        """Copies of all (not deleted) records of ``resource`` in server order (optionally one
+        status)."""
         records = self.data[resource]
         positions: Iterable[int] = range(len(records))
+        if records.has_deletions:
+            positions = [p for p in positions if not records.is_deleted(p)]
         if status is not None:
             positions = [p for p in positions if records.field_at(p, "status") == status]
         return _decode_all([records.encoded_at(p) for p in positions])
@@ -175,31 +225,44 @@ class FakeStore:
         after_id: int | None,
         size: int,
         statuses: Collection[str] | None = None,
+        changed_since: Callable[[object], bool] | None = None,
+        change_field: str = "updatedAt",
     ) -> tuple[list[bytes], int | None, bool]:
-        """(encoded records, last id among them, whether more match after them)."""
+        """(encoded records, last id among them, whether more match after them).
+
+        Records come in id order whatever the filters, so a cursor (the last id returned) stays
+        valid. ``changed_since`` (e.g. ``ChangedSince``) is called with each record's
+        ``change_field`` value and keeps the records it returns True for.
+        """
         records = self.data[resource]
         start = 0 if after_id is None else records.position_after(after_id)
         total = len(records)
-        if statuses is None:
+        if statuses is None and changed_since is None and not records.has_deletions:
             end = min(start + size, total)
             parts = [records.encoded_at(p) for p in range(start, end)]
             return parts, (records.ids[end - 1] if end > start else None), end < total
+
+        def matches(position: int) -> bool:
+            if records.is_deleted(position):
+                return False
+            if statuses is not None and records.field_at(position, "status") not in statuses:
+                return False
+            return changed_since is None or changed_since(records.field_at(position, change_field))
+
         parts = []
         last_id = None
         position = start
         while position < total and len(parts) < size:
-            if records.field_at(position, "status") in statuses:
+            if matches(position):
                 parts.append(records.encoded_at(position))
                 last_id = records.ids[position]
             position += 1
-        has_next = any(records.field_at(p, "status") in statuses for p in range(position, total))
+        has_next = any(matches(p) for p in range(position, total))
         return parts, last_id, has_next
 
     # --- changing -----------------------------------------------------------------------------
 
-    def _emit(
-        self, resource: str, kind: Literal["created", "updated"], record: dict[str, Any]
-    ) -> None:
+    def _emit(self, resource: str, kind: ChangeKind, record: dict[str, Any]) -> None:
         for listener in list(self.listeners):
             listener(ChangeEvent(self.name, resource, kind, dict(record)))
 
@@ -220,6 +283,13 @@ class FakeStore:
         stored = records.replace(record_id, {**current, **changes})
         self._emit(resource, "updated", stored)
         return dict(stored)
+
+    def delete_record(self, resource: str, record_id: int) -> dict[str, Any]:
+        """Delete a record (KeyError if absent); returns its last state. Later reads, lists and
+        actions no longer see it, and its id is never reused."""
+        last = self.data[resource].delete(record_id)
+        self._emit(resource, "deleted", last)
+        return last
 
     def apply_action(
         self,
@@ -256,17 +326,20 @@ class FakeStore:
                 changes["cancellationReason"] = reason
         updated = self.update_record("subscriptions", subscription_id, changes)
         if "ACTIVE" in (old, new):
-            self._adjust_active_count(record.get("customerId"), 1 if new == "ACTIVE" else -1)
+            delta = 1 if new == "ACTIVE" else -1
+            self.adjust_active_count(record.get("customerId"), delta, stamp=stamp)
         return updated
 
-    def _adjust_active_count(self, customer_id: object, delta: int) -> None:
-        # Keeps a customer's activeSubscriptionCount true after a subscription changes state.
+    def adjust_active_count(self, customer_id: object, delta: int, *, stamp: str) -> None:
+        """Keep a customer's activeSubscriptionCount true after a subscription changes state.
+
+        ``updatedAt`` moves too, so incremental pulls see the change."""
         if not isinstance(customer_id, int):
             return
         customer = self.data["customers"].get(customer_id)
         count = None if customer is None else customer.get("activeSubscriptionCount")
         if isinstance(count, int):
-            changes = {"activeSubscriptionCount": max(0, count + delta)}
+            changes = {"activeSubscriptionCount": max(0, count + delta), "updatedAt": stamp}
             self.update_record("customers", customer_id, changes)
 
     # --- counters -----------------------------------------------------------------------------

@@ -1,0 +1,493 @@
+"""Resumable multi-store sync into SQLite.
+
+Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key
+``(store, id)``, the record's JSON as received in ``raw`` plus typed columns for the common
+fields; and ``asyncsubs_sync_state``, one row per ``(store, resource)``.
+
+Resume: each page's records and the cursor after it are committed in one transaction, so the
+database always holds a prefix of the run plus the cursor that continues it. A process killed
+at any point (even SIGKILL mid-commit) leaves either the whole page and its cursor or neither;
+the next run continues from the cursor and upserts, so nothing is lost or doubled.
+
+All SQLite work runs on one dedicated thread holding the one connection: writes are serialized
+without locks, and the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import attrs
+import orjson
+
+from .._client import AdminClient
+from ..errors import AsyncSubsError, BadRequestError, ProtocolError
+from ._config_file import RESOURCES, Incremental, StoreConfig
+from ._progress import ResourceProgress, Tracker
+
+__all__ = ["STATE_TABLE", "DatabaseError", "ResourceState", "SyncDB", "run_sync"]
+
+T = TypeVar("T")
+log = logging.getLogger("asyncsubs.cli")
+
+STATE_TABLE: Final = "asyncsubs_sync_state"
+DEFAULT_MAX_STORES: Final = 32
+SCHEMA_VERSION: Final = 1
+
+# Typed columns and the record fields they come from (camelCase as the service sends them;
+# snake_case accepted too). Values are stored as sent; ids as TEXT so joins are type-stable.
+_COLUMNS: Final = (
+    ("status", ("status",)),
+    ("customer_id", ("customerId", "customer_id")),
+    ("created_at", ("createdAt", "created_at")),
+    ("updated_at", ("updatedAt", "updated_at")),
+)
+
+
+class DatabaseError(AsyncSubsError):
+    """The SQLite database failed (cannot open, disk full, not a database, locked)."""
+
+
+def _table_sql(resource: str) -> str:
+    return f"""
+        CREATE TABLE IF NOT EXISTS {resource} (
+            store TEXT NOT NULL,
+            id TEXT NOT NULL,
+            status TEXT,
+            customer_id TEXT,
+            created_at TEXT,
+            updated_at TEXT,
+            raw TEXT NOT NULL,
+            synced_at TEXT NOT NULL,
+            PRIMARY KEY (store, id)
+        )"""
+
+
+_STATE_SQL: Final = f"""
+    CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
+        store TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        cursor TEXT,                    -- afterCursor of the next page; NULL: from the start
+        done INTEGER NOT NULL,          -- 1: the last run finished; the next one starts over
+        run_params TEXT,                -- JSON query filter of the current run (reused on resume)
+        run_from TEXT,                  -- JSON: incremental value the next run will start from
+        next_from TEXT,                 -- JSON: incremental value for the next run
+        seen_max TEXT,                  -- JSON: largest incremental field value committed
+        run_pages INTEGER NOT NULL,
+        run_records INTEGER NOT NULL,
+        run_started_at TEXT NOT NULL,
+        run_finished_at TEXT,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (store, resource)
+    )"""
+
+
+def _upsert_sql(resource: str) -> str:
+    return f"""
+        INSERT INTO {resource}
+            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (store, id) DO UPDATE SET
+            status = excluded.status,
+            customer_id = excluded.customer_id,
+            created_at = excluded.created_at,
+            updated_at = excluded.updated_at,
+            raw = excluded.raw,
+            synced_at = excluded.synced_at"""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _field(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
+    for name in names:
+        if name in record:
+            return _text(record[name])
+    return None
+
+
+def _newer(a: Any, b: Any) -> Any:
+    """The larger of two incremental values (numbers with numbers, strings with strings)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, str) and isinstance(b, str):
+        return max(a, b)
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)):
+        return max(a, b)
+    return b
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def _load(value: str | None) -> Any:
+    return None if value is None else orjson.loads(value)
+
+
+@attrs.frozen
+class ResourceState:
+    """The saved state of one (store, resource)."""
+
+    exists: bool = False
+    cursor: str | None = None
+    done: bool = False
+    run_params: Mapping[str, Any] = attrs.field(factory=dict)
+    run_from: Any = None
+    next_from: Any = None
+    seen_max: Any = None
+    run_pages: int = 0
+    run_records: int = 0
+
+    @property
+    def in_progress(self) -> bool:
+        """A run was started and not finished: resume it."""
+        return self.exists and not self.done
+
+
+@attrs.frozen
+class PageWrite:
+    store: str
+    resource: str
+    records: list[Any]
+    next_cursor: str | None
+    new_run: bool
+    run_params: Mapping[str, Any]
+    run_from: Any
+    incremental_field: str | None
+
+
+class SyncDB:
+    """The sync database: one connection, used only from one worker thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"database {self.path}: {exc}") from exc
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        assert self._conn is not None, "SyncDB.open() first"
+        return self._conn
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 10000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # WAL + NORMAL: a crash of the process never loses a commit; power loss may roll
+            # back the last ones, but page and cursor always go together.
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            for resource in RESOURCES:
+                conn.execute(_table_sql(resource))
+            conn.execute(_STATE_SQL)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            # Queued behind any write still running, so that write finishes first.
+            with contextlib.suppress(DatabaseError):
+                await self._run(self.conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def load_state(self, store: str, resource: str) -> ResourceState:
+        return await self._run(self._load_state, store, resource)
+
+    def _load_state(self, store: str, resource: str) -> ResourceState:
+        row = self.conn.execute(
+            f"SELECT cursor, done, run_params, run_from, next_from, seen_max, run_pages,"
+            f" run_records FROM {STATE_TABLE} WHERE store = ? AND resource = ?",
+            (store, resource),
+        ).fetchone()
+        if row is None:
+            return ResourceState()
+        return ResourceState(
+            exists=True,
+            cursor=row[0],
+            done=bool(row[1]),
+            run_params=_load(row[2]) or {},
+            run_from=_load(row[3]),
+            next_from=_load(row[4]),
+            seen_max=_load(row[5]),
+            run_pages=row[6],
+            run_records=row[7],
+        )
+
+    async def commit_page(self, write: PageWrite) -> None:
+        await self._run(self._commit_page, write)
+
+    def _commit_page(self, w: PageWrite) -> None:
+        now = _now()
+        rows = []
+        page_max = None
+        for record in w.records:
+            if not isinstance(record, dict) or record.get("id") is None:
+                raise ProtocolError(
+                    f"GET {w.resource}: a record without an 'id' cannot be stored",
+                    method="GET",
+                    path=w.resource,
+                )
+            if w.incremental_field is not None:
+                page_max = _newer(page_max, record.get(w.incremental_field))
+            rows.append(
+                (
+                    w.store,
+                    _text(record["id"]),
+                    *(_field(record, names) for _, names in _COLUMNS),
+                    orjson.dumps(record).decode(),
+                    now,
+                )
+            )
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(_upsert_sql(w.resource), rows)
+            old = self._load_state(w.store, w.resource)
+            done = w.next_cursor is None
+            pages = 1 if w.new_run else old.run_pages + 1
+            records = len(rows) if w.new_run else old.run_records + len(rows)
+            conn.execute(
+                f"""INSERT INTO {STATE_TABLE} (store, resource, cursor, done, run_params,
+                        run_from, next_from, seen_max, run_pages, run_records, run_started_at,
+                        run_finished_at, updated_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (store, resource) DO UPDATE SET
+                        cursor = excluded.cursor,
+                        done = excluded.done,
+                        run_params = excluded.run_params,
+                        run_from = excluded.run_from,
+                        next_from = excluded.next_from,
+                        seen_max = excluded.seen_max,
+                        run_pages = excluded.run_pages,
+                        run_records = excluded.run_records,
+                        run_started_at = CASE WHEN ? THEN excluded.run_started_at
+                                         ELSE run_started_at END,
+                        run_finished_at = excluded.run_finished_at,
+                        updated_at = excluded.updated_at""",
+                (
+                    w.store,
+                    w.resource,
+                    w.next_cursor,
+                    int(done),
+                    _dump(dict(w.run_params)),
+                    _dump(w.run_from),
+                    _dump(w.run_from if done else old.next_from),
+                    _dump(_newer(old.seen_max, page_max)),
+                    pages,
+                    records,
+                    now,
+                    now if done else None,
+                    now,
+                    int(w.new_run),
+                ),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def count(self, store: str, resource: str) -> int:
+        return await self._run(self._count, store, resource)
+
+    def _count(self, store: str, resource: str) -> int:
+        row = self.conn.execute(
+            f"SELECT count(*) FROM {resource} WHERE store = ?", (store,)
+        ).fetchone()
+        return int(row[0])
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an error: the library's messages already name method and path."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+async def _sync_resource(
+    client: AdminClient,
+    config: StoreConfig,
+    resource: str,
+    db: SyncDB,
+    tracker: Tracker,
+    row: ResourceProgress,
+) -> None:
+    state = await db.load_state(config.store, resource)
+    incremental: Incremental | None = config.incremental.get(resource)
+    restarted = False
+    while True:
+        if state.in_progress:
+            # Resume the interrupted run with its own filter, whatever the config says now.
+            resumed = True
+            cursor = state.cursor
+            params: Mapping[str, Any] = state.run_params
+            run_from = state.run_from
+        else:
+            resumed = False
+            cursor = None
+            params = {}
+            if incremental is not None and state.next_from is not None:
+                params = {incremental.param: state.next_from}
+            # Records changed while this run goes on are newer than anything stored now, so
+            # the next run may start from here (inclusive filters catch equal timestamps).
+            run_from = state.seen_max if incremental is not None else None
+        if not restarted:
+            tracker.start(
+                row, client, resumed=resumed, resumed_records=state.run_records if resumed else 0
+            )
+        new_run = not resumed
+        call = getattr(client, resource).list(
+            page_size=config.page_size,
+            after_cursor=cursor,
+            params=params or None,
+            model=dict,
+        )
+        try:
+            async with contextlib.aclosing(call.pages()) as pages:
+                async for page in pages:
+                    await db.commit_page(
+                        PageWrite(
+                            store=config.store,
+                            resource=resource,
+                            records=page.data,
+                            next_cursor=page.next_cursor,
+                            new_run=new_run,
+                            run_params=params,
+                            run_from=run_from,
+                            incremental_field=None if incremental is None else incremental.field,
+                        )
+                    )
+                    new_run = False
+                    tracker.page(row, len(page.data))
+        except BadRequestError as exc:
+            # A saved cursor the server no longer accepts (expired, server reset): start the
+            # run over. Upserts make the re-read harmless.
+            if resumed and row.pages == 0 and not restarted:
+                tracker.note(
+                    row, f"saved cursor rejected ({exc.code or exc.status}); starting over"
+                )
+                state = attrs.evolve(state, done=True)
+                restarted = True
+                continue
+            raise
+        break
+    tracker.finish(row, rows=await db.count(config.store, resource))
+
+
+async def _sync_store(config: StoreConfig, db: SyncDB, tracker: Tracker) -> None:
+    rows = {resource: tracker.add(config.store, resource) for resource in config.resources}
+    async with AdminClient(
+        token=config.token,
+        base_url=config.base_url,
+        store=config.store,
+        version=config.version,
+        limits=config.limits,
+        retry=config.retry,
+        timeout=config.timeout,
+        allow_insecure=config.allow_insecure,
+        user_agent="asyncsubs-cli",
+    ) as client:
+
+        async def one(resource: str) -> None:
+            row = rows[resource]
+            try:
+                await _sync_resource(client, config, resource, db, tracker, row)
+            except DatabaseError:
+                raise
+            except AsyncSubsError as exc:
+                # One store's failure (bad token, missing entitlement) must not stop the rest.
+                log.debug("store %s, %s failed", config.store, resource, exc_info=True)
+                row.client = client
+                tracker.fail(row, describe_error(exc))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for resource in config.resources:
+                    group.create_task(one(resource))
+        finally:
+            for row in rows.values():
+                row.freeze_stats()
+
+
+async def run_sync(
+    configs: Sequence[StoreConfig],
+    db_path: Path,
+    tracker: Tracker,
+    *,
+    max_stores: int = DEFAULT_MAX_STORES,
+) -> None:
+    """Sync every configured store into ``db_path``, ``max_stores`` stores at a time;
+    progress and failures go to ``tracker``.
+
+    Raises DatabaseError when SQLite fails (that stops everything); API and transport failures
+    are recorded per (store, resource) in the tracker and the others carry on.
+    """
+    for config in configs:
+        for resource in config.resources:
+            tracker.add(config.store, resource)
+    db = SyncDB(db_path)
+    await db.open()
+    # Each store holds a few connections; unbounded, hundreds of stores would exhaust file
+    # descriptors. Waiting stores show as "waiting".
+    slots = asyncio.Semaphore(max_stores)
+
+    async def store_task(config: StoreConfig) -> None:
+        async with slots:
+            await _sync_store(config, db, tracker)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for config in configs:
+                group.create_task(store_task(config))
+    except BaseExceptionGroup as group_exc:
+        # Surface the first real error rather than a group (a DatabaseError, or a bug).
+        raise _first(group_exc) from None
+    finally:
+        tracker.interrupt_running()
+        await db.close()
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if isinstance(exc, DatabaseError):
+            return exc
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner

@@ -1,0 +1,299 @@
+"""The command line: ``pull``, errors and exit codes, ``demo``, ``fake-server``.
+
+The fake server runs on its own event loop in a thread, so ``main([...])`` runs in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from asyncsubs import AdminClient
+from asyncsubs.__main__ import main
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve
+
+TOKEN_ENV = "ASYNCSUBS_TOKEN"
+BASE_URL_ENV = "ASYNCSUBS_BASE_URL"
+
+
+@contextlib.contextmanager
+def server_in_thread(**kwargs: Any) -> Iterator[FakeAdminServer]:
+    """A started FakeAdminServer on its own loop and thread; stopped on exit."""
+    ready: queue.Queue[Any] = queue.Queue()
+    control: dict[str, Any] = {}
+
+    async def run() -> None:
+        control["loop"] = asyncio.get_running_loop()
+        control["stop"] = stop = asyncio.Event()
+        try:
+            await serve(ready=ready.put, stop=stop, **kwargs)
+        except BaseException as exc:
+            ready.put(exc)
+            raise
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    server = ready.get(timeout=30)
+    if isinstance(server, BaseException):
+        raise server
+    try:
+        yield server
+    finally:
+        control["loop"].call_soon_threadsafe(control["stop"].set)
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeAdminServer]:
+    stores = [FakeStoreConfig("acme", records=137), FakeStoreConfig("globex", records=20)]
+    with server_in_thread(stores=stores, rate_limits=None) as srv:
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(BASE_URL_ENV, raising=False)
+
+
+def pull_args(server: FakeAdminServer, *extra: str, store: str = "acme") -> list[str]:
+    token = server.store(store).token
+    url = server.base_url
+    return [
+        "pull",
+        "--base-url",
+        url,
+        "--token",
+        token,
+        "--store",
+        store,
+        "--rate",
+        "1000/s",
+        *extra,
+    ]
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("asyncsubs: error: ")]
+
+
+# ---------------------------------------------------------------------------------------------
+# pull
+
+
+@pytest.mark.parametrize("resource", ["subscriptions", "customers", "orders"])
+def test_pull_to_file_writes_every_record_exactly(
+    server: FakeAdminServer, tmp_path: Path, resource: str
+) -> None:
+    out = tmp_path / "out.jsonl"
+    args = pull_args(server, resource, "--page-size", "20", "-o", str(out), "--quiet")
+    assert main(args) == 0
+    expected = server.records("acme", resource)
+    lines = out.read_bytes().split(b"\n")
+    assert lines[-1] == b""  # every line ends with a newline
+    records = [orjson.loads(line) for line in lines[:-1]]
+    assert [r["id"] for r in records] == [r["id"] for r in expected]
+    assert len({r["id"] for r in records}) == 137
+    assert records == expected
+    # As received: the server serves orjson bytes of the same records.
+    assert lines[:-1] == [orjson.dumps(r) for r in expected]
+
+
+def test_pull_reads_token_and_url_from_the_environment(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, server.store("globex").token)
+    monkeypatch.setenv(BASE_URL_ENV, server.base_url)
+    assert main(["pull", "orders", "--limit", "7", "--page-size", "5", "--rate", "100/s"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert [orjson.loads(line) for line in lines] == server.records("globex", "orders")[:7]
+    assert "7 orders in 2 pages" in captured.err
+
+
+def test_pull_after_cursor_continues_after_that_page(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    async def first_cursor() -> str:
+        token = server.store("acme").token
+        async with AdminClient(token=token, base_url=server.base_url) as client:
+            async for page in client.customers.list(page_size=50, model=dict).pages():
+                assert page.next_cursor is not None
+                return page.next_cursor
+        raise AssertionError("no page")
+
+    cursor = asyncio.run(first_cursor())
+    out = tmp_path / "rest.jsonl"
+    assert main(pull_args(server, "customers", "--after-cursor", cursor, "-o", str(out), "-q")) == 0
+    ids = [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()]
+    assert ids == [r["id"] for r in server.records("acme", "customers")[50:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: exit code and one line, no traceback
+
+
+def test_bad_token_exits_1_with_one_line(server: FakeAdminServer, capsys: Any) -> None:
+    args = ["pull", "subscriptions", "--base-url", server.base_url, "--token", "wrong"]
+    assert main([*args, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+    (line,) = error_lines(err)
+    assert "subscriptions" in line
+    assert "HTTP 401" in line
+    assert "Settings > API Tokens" in line
+    assert "wrong" not in line  # the token is never echoed
+
+
+def test_bad_token_in_sync_names_store_and_resource(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\n'
+        f'[stores.globex]\nbase_url = "{server.base_url}"\ntoken_env = "G"\n'
+        'resources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", "revoked-token")
+    monkeypatch.setenv("G", server.store("globex").token)
+    db = tmp_path / "s.db"
+    assert main(["sync", "--config", str(config), "--db", str(db), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = error_lines(err)
+    assert len(lines) == len(err.splitlines()) == 3
+    for resource, line in zip(["subscriptions", "customers", "orders"], lines, strict=True):
+        assert line.startswith(f"asyncsubs: error: store acme, {resource}: AuthenticationError: ")
+    # The other store is not held back by one store's failure.
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        count = conn.execute("SELECT count(*) FROM orders WHERE store = 'globex'").fetchone()[0]
+    assert count == 20
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = error_lines(err)
+    assert "orders: TransportError: GET orders: " in line
+
+
+def test_debug_shows_the_traceback(capsys: Any) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
+    assert main([*args, "--debug", "--quiet"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pull", "refunds", "--base-url", "https://x.example", "--token", "t"], "invalid choice"),
+        (["pull", "orders", "--base-url", "https://x.example"], "no token"),
+        (["pull", "orders", "--token", "t"], "no base URL"),
+        (["pull", "orders", "--base-url", "http://x.example", "--token", "t"], "plain http://"),
+        (["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--limit", "0"], ""),
+        (["sync", "--config", "missing.toml", "--db", "x.db"], "cannot read the config file"),
+        (["sync", "--config", "missing.toml", "--db", "mysql://h/db"], "only SQLite"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_usage_and_config_errors_exit_2(args: list[str], message: str, capsys: Any) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_help_and_version(capsys: Any) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("asyncsubs ")
+    assert main(["sync", "--help"]) == 0
+    assert "--config" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# demo and fake-server
+
+
+def test_demo_without_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    db = tmp_path / "demo.db"
+    args = ["demo", "--stores", "2", "--records", "300", "--db", f"sqlite:///{db}"]
+    assert main([*args, "--progress-interval", "0.2"]) == 0
+    captured = capsys.readouterr()
+    assert "\x1b[" not in captured.out + captured.err
+    assert "acme-coffee/orders: done, 300 records in 2 pages" in captured.err
+    out = captured.out
+    assert "asyncsubs demo: records per store and resource" in out
+    assert re.search(r"^globex-pets\s+customers\s+300\s+300\s+2\s+0\s", out, re.M)
+    assert "1,800 records, 12 requests, 0 429s" in out
+    assert f"database: kept at {db}" in out
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM subscriptions").fetchone()[0] == 600
+
+
+def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncsubs", "fake-server", "--port", "0", "--records", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()
+        match = re.match(r"fake admin server on (http://127\.0\.0\.1:\d+) ", header)
+        assert match, header
+        tokens = {}
+        for _ in range(10):
+            line = proc.stdout.readline()
+            if found := re.match(r"store (\S+): token (\S+)$", line):
+                tokens[found[1]] = found[2]
+            elif tokens:
+                break
+        assert set(tokens) == {"store-1", "store-2"}
+        out = tmp_path / "subs.jsonl"
+        args = ["pull", "subscriptions", "--base-url", match[1], "--token", tokens["store-2"]]
+        assert main([*args, "-o", str(out), "-q"]) == 0
+        assert len(out.read_bytes().splitlines()) == 5
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -1,0 +1,491 @@
+"""``asyncsubs sync``: SQLite contents, resume after SIGKILL and Ctrl-C, restarts, config.
+
+The fake server runs on its own event loop in a thread of the test process, so the command can
+run in-process (``main([...])``) or as a subprocess that is killed; the records to compare with
+come straight from the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from asyncsubs.__main__ import main
+from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
+from asyncsubs.cli._progress import Tracker, _PlainDisplay
+from asyncsubs.errors import ConfigError
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve
+
+RESOURCES = ("subscriptions", "customers", "orders")
+SYNC_COMMAND = (sys.executable, "-m", "asyncsubs", "sync")
+STORES = ("store-1", "store-2", "store-3")
+# Loose client limits: these tests are about correctness, not pacing.
+FAST_LIMITS = """
+[defaults.limits]
+global = "1000/s"
+heavy = { subscriptions = "1000/s", customers = "1000/s", orders = "1000/s" }
+"""
+
+
+@contextlib.contextmanager
+def server_in_thread(**kwargs: Any) -> Iterator[FakeAdminServer]:
+    """A started FakeAdminServer on its own loop and thread; stopped on exit."""
+    ready: queue.Queue[Any] = queue.Queue()
+    control: dict[str, Any] = {}
+
+    async def run() -> None:
+        control["loop"] = asyncio.get_running_loop()
+        control["stop"] = stop = asyncio.Event()
+        try:
+            await serve(ready=ready.put, stop=stop, **kwargs)
+        except BaseException as exc:
+            ready.put(exc)
+            raise
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    server = ready.get(timeout=30)
+    if isinstance(server, BaseException):
+        raise server
+    try:
+        yield server
+    finally:
+        control["loop"].call_soon_threadsafe(control["stop"].set)
+        thread.join(30)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeAdminServer]:
+    stores = [
+        FakeStoreConfig("store-1", records={"subscriptions": 130, "customers": 70, "orders": 101}),
+        FakeStoreConfig("store-2", records={"subscriptions": 45, "customers": 0, "orders": 88}),
+        FakeStoreConfig("store-3", records={"subscriptions": 60, "customers": 59, "orders": 61}),
+    ]
+    with server_in_thread(stores=stores, rate_limits=None) as srv:
+        yield srv
+
+
+def write_config(
+    tmp_path: Path, server: FakeAdminServer, extra: str = "", **store_extra: str
+) -> Path:
+    lines = ["[defaults]", "page_size = 25", FAST_LIMITS]
+    for name in server.tokens:
+        lines += [f'[stores."{name}"]', f'base_url = "{server.base_url}"']
+        lines += [f'token_env = "{env_name(name)}"', store_extra.get(name, ""), ""]
+    path = tmp_path / "stores.toml"
+    path.write_text("\n".join(lines) + extra, encoding="utf-8")
+    return path
+
+
+def env_name(store: str) -> str:
+    return "TOKEN_" + store.replace("-", "_").upper()
+
+
+@pytest.fixture
+def token_env(server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {env_name(name): token for name, token in server.tokens.items()}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def db_rows(db: Path, resource: str, store: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return conn.execute(
+            f"SELECT id, status, customer_id, created_at, updated_at, raw FROM {resource}"
+            " WHERE store = ? ORDER BY CAST(id AS INTEGER)",
+            (store,),
+        ).fetchall()
+
+
+def state(db: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute("SELECT * FROM asyncsubs_sync_state").fetchall()
+    return {(r["store"], r["resource"]): dict(r) for r in rows}
+
+
+def assert_exact(db: Path, server: FakeAdminServer, stores: Sequence[str] = STORES) -> None:
+    """The database holds exactly the server's records: same ids, once each, raw as served."""
+    for store in stores:
+        for resource in RESOURCES:
+            expected = server.records(store, resource)
+            rows = db_rows(db, resource, store)
+            assert [r[0] for r in rows] == [str(rec["id"]) for rec in expected], (store, resource)
+            for row, record in zip(rows, expected, strict=True):
+                assert row[5] == orjson.dumps(record).decode()
+                assert row[1] == record.get("status")
+                assert row[2] == (None if "customerId" not in record else str(record["customerId"]))
+                assert row[3] == record.get("createdAt")
+                assert row[4] == record.get("updatedAt")
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process runs
+
+
+def test_sync_three_stores_matches_the_server(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    assert main(["sync", "--config", str(config), "--db", f"sqlite:///{db}"]) == 0
+    assert_exact(db, server)
+    saved = state(db)
+    assert len(saved) == 9
+    assert all(s["done"] == 1 and s["cursor"] is None for s in saved.values())
+    out = capsys.readouterr().out
+    total = sum(len(server.records(s, r)) for s in STORES for r in RESOURCES)
+    assert f"{total:,} records from 3 stores" in out
+    assert re.search(r"store-2\s+customers\s+done\s+0\s+1\s+0\b", out)
+
+
+def test_finished_sync_starts_over_without_duplicates(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", str(db), "--quiet"]
+    assert main(args) == 0
+    server.clear_requests()
+    assert main(args) == 0
+    assert_exact(db, server)
+    first_requests = {}
+    for request in server.requests:
+        first_requests.setdefault((request.store, request.path.rsplit("/", 1)[-1]), request)
+    assert len(first_requests) == 9
+    assert all("afterCursor" not in r.query for r in first_requests.values())
+    assert state(db)[("store-1", "subscriptions")]["run_pages"] == 6  # 130 records / 25
+
+
+def test_resources_and_store_filters(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", str(db), "--quiet", "--store", "store-3"]
+    assert main([*args, "--resources", "orders,customers", "--max-stores", "1"]) == 0
+    assert set(state(db)) == {("store-3", "orders"), ("store-3", "customers")}
+    assert len(db_rows(db, "orders", "store-3")) == 61
+
+
+def test_rejected_saved_cursor_starts_the_run_over(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", str(db), "--progress", "plain"]
+    assert main(args) == 0
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(
+            "UPDATE asyncsubs_sync_state SET done = 0, cursor = 'not-a-cursor'"
+            " WHERE store = 'store-1' AND resource = 'orders'"
+        )
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "store-1/orders: saved cursor rejected (INVALID_CURSOR); starting over" in (
+        capsys.readouterr().err
+    )
+    assert_exact(db, server)
+
+
+def test_incremental_filter_comes_from_the_previous_run(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    db = tmp_path / "subs.db"
+    extra = {
+        "store-1": 'incremental.subscriptions = { param = "updatedAtMin", field = "updatedAt" }'
+    }
+    config = write_config(tmp_path, server, **extra)
+    args = ["sync", "--config", str(config), "--db", str(db), "--quiet", "--store", "store-1"]
+
+    def subscription_queries() -> list[Mapping[str, str]]:
+        return [r.query for r in server.requests if r.path.endswith("/subscriptions")]
+
+    newest = max(r["updatedAt"] for r in server.records("store-1", "subscriptions"))
+    # Run 1 knows nothing; run 2 starts from what was stored before run 1 began (nothing);
+    # run 3 from what was stored before run 2 began. So changes during a run are never missed.
+    for expected in (None, None, newest):
+        server.clear_requests()
+        assert main(args) == 0
+        queries = subscription_queries()
+        assert queries
+        assert all(q.get("updatedAtMin") == expected for q in queries)
+    assert_exact(db, server, stores=["store-1"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses: SIGKILL and Ctrl-C mid-way, then resume
+
+
+def start_sync(config: Path, db: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*SYNC_COMMAND, "--config", str(config), "--db", str(db), "--progress-interval", "0.1"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for_progress(db: Path, proc: subprocess.Popen[bytes], records: int) -> None:
+    """The one bounded wait: poll the database until some pages are committed."""
+    for _ in range(500):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(sqlite3.Error):
+            with contextlib.closing(sqlite3.connect(db, timeout=1)) as conn:
+                row = conn.execute("SELECT sum(run_records) FROM asyncsubs_sync_state").fetchone()
+            if row[0] is not None and row[0] >= records:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no progress in the database (exit code {proc.poll()})")
+
+
+@pytest.fixture
+def slow_server() -> Iterator[FakeAdminServer]:
+    counts = {"subscriptions": 300, "customers": 200, "orders": 400}
+    with server_in_thread(stores=3, records=counts, latency=0.015, rate_limits=None) as srv:
+        yield srv
+
+
+def check_committed_prefix(db: Path) -> None:
+    """After a kill, each (store, resource) holds exactly the pages its cursor accounts for."""
+    for (store, resource), saved in state(db).items():
+        assert len(db_rows(db, resource, store)) == saved["run_records"]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_killed_sync_resumes_with_exactly_the_servers_records(
+    slow_server: FakeAdminServer, tmp_path: Path, how: str
+) -> None:
+    server = slow_server
+    env = {env_name(name): token for name, token in server.tokens.items()}
+    db = tmp_path / "subs.db"
+    config = tmp_path / "stores.toml"
+    config.write_text(write_config(tmp_path, server).read_text().replace("= 25", "= 10"))
+
+    proc = start_sync(config, db, env)
+    try:
+        wait_for_progress(db, proc, 300)
+        proc.send_signal(getattr(signal, how))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    saved = state(db)
+    assert not all(s["done"] for s in saved.values()), "the run finished before it was stopped"
+    check_committed_prefix(db)
+    if how == "SIGKILL":
+        assert proc.returncode == -signal.SIGKILL
+    else:  # stopped cleanly: what was done is committed, a one-line note, no traceback
+        assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[how]
+        assert b"interrupted; every committed page is kept" in err
+        assert b"Traceback" not in err
+
+    rerun = subprocess.run(
+        [*SYNC_COMMAND, "--config", str(config), "--db", str(db)],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert_exact(db, server)
+    # Non-TTY progress: plain timestamped lines, no terminal control codes.
+    err_text = rerun.stderr.decode()
+    assert "\x1b[" not in err_text
+    assert re.search(
+        r"^\[\s*\d+\.\ds\] store-\d/\w+: resuming from its saved cursor$", err_text, re.M
+    )
+    assert re.search(
+        r"^\[\s*\d+\.\ds\] store-\d/\w+: done, [\d,]+ records in \d+ pages", err_text, re.M
+    )
+    resumed_total = sum(
+        int(m.replace(",", "")) for m in re.findall(r"done, ([\d,]+) records", err_text)
+    )
+    assert resumed_total < 3 * 900  # resumed, not pulled again from the start
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress lines
+
+
+def test_plain_progress_lines() -> None:
+    tracker = Tracker()
+    out: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> None:
+            out.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    display = _PlainDisplay(tracker, Sink(), 1.0)  # type: ignore[arg-type]
+    tracker.listen(display.on_event)
+    row = tracker.add("acme", "orders")
+    tracker.start(row, None, resumed=True, resumed_records=40)
+    tracker.page(row, 25)
+    tracker.page(row, 25)
+    display.tick()
+    tracker.finish(row, rows=90)
+    lines = [line.split("] ", 1)[1] for line in "".join(out).splitlines()]
+    assert lines[0] == "acme/orders: resuming from its saved cursor"
+    assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
+    assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")
+    assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
+    assert lines[2].endswith("; 90 rows in the table for this store")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def test_config_file_full_example(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        """
+[defaults]
+page_size = 200
+max_attempts = 4
+[defaults.limits]
+global = "40/s"
+heavy = { subscriptions = "2/3s", orders = { n = 2, per = 3.0 } }
+
+[stores.acme]
+base_url = "https://acme.example"
+token_env = "ACME_TOKEN"
+
+[stores.globex]
+base_url = "https://globex.example/"
+token_env = "GLOBEX_TOKEN"
+resources = ["orders"]
+page_size = 50
+timeout = 10
+limits = { max_in_flight = 8, heavy = { orders = "1/s" } }
+incremental.orders = { param = "updatedAtMin", field = "updatedAt" }
+""",
+        encoding="utf-8",
+    )
+    acme, globex = load_config(path, {"ACME_TOKEN": "a-1", "GLOBEX_TOKEN": "g-2"})
+    assert (acme.store, acme.token, acme.page_size, acme.resources) == (
+        "acme",
+        "a-1",
+        200,
+        RESOURCES,
+    )
+    assert acme.retry.max_attempts == 4
+    assert acme.limits.global_rate == parse_rate("40/1s")
+    assert acme.limits.heavy["subscriptions"] == parse_rate("2/3s")
+    assert acme.limits.heavy["customers"] == parse_rate(1)  # the library default
+    assert globex.resources == ("orders",)
+    assert (globex.page_size, globex.timeout, globex.limits.max_in_flight) == (50, 10.0, 8)
+    assert globex.limits.heavy["orders"] == parse_rate("1/s")
+    assert globex.limits.heavy["subscriptions"] == parse_rate("2/3s")
+    assert globex.incremental["orders"].param == "updatedAtMin"
+    assert "g-2" not in repr(globex)
+
+
+def test_config_collects_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        """
+[defaults]
+page_sise = 10
+
+[stores.a]
+base_url = "http://example.com"
+token_env = "A_TOKEN"
+resources = ["orders", "refunds"]
+
+[stores.b]
+base_url = "https://b.example"
+token_env = "B_TOKEN"
+limits = { global = "fast" }
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"A_TOKEN": "x"})
+    problems = "\n".join(info.value.problems)
+    assert "unknown key 'page_sise' in [defaults]" in problems
+    assert "store 'a': plain http://" in problems
+    assert "store 'a': unknown resource 'refunds'" in problems
+    assert "store 'b': environment variable B_TOKEN (its token) is not set" in problems
+    assert "store 'b': a rate looks like" in problems
+    assert len(info.value.problems) == 5
+
+
+def test_db_urls() -> None:
+    assert parse_db_url("sqlite:///subs.db") == Path("subs.db")
+    assert parse_db_url("sqlite:////tmp/subs.db") == Path("/tmp/subs.db")
+    assert parse_db_url("plain/path.db") == Path("plain/path.db")
+    for bad in ("postgresql://host/db", "sqlite:///", "sqlite:///:memory:"):
+        with pytest.raises(ConfigError):
+            parse_db_url(bad)
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "message"),
+    [
+        ("[stores.a\n", {}, "invalid TOML"),
+        ('[stores.a]\nbase_url = "{url}"\ntoken_env = "NOPE_TOKEN"\n', {}, "NOPE_TOKEN"),
+        (
+            '[stores.a]\nbase_url = "{url}"\ntoken_env = "A_TOKEN"\nresources = ["refunds"]\n',
+            {"A_TOKEN": "t"},
+            "unknown resource 'refunds'",
+        ),
+    ],
+)
+def test_config_errors_exit_2_before_any_request(
+    server: FakeAdminServer,
+    tmp_path: Path,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    toml: str,
+    env: dict[str, str],
+    message: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    path = tmp_path / "stores.toml"
+    good = f'\n[stores.store-1]\nbase_url = "{server.base_url}"\ntoken_env = "T1"\n'
+    monkeypatch.setenv("T1", server.store("store-1").token)
+    path.write_text(toml.replace("{url}", server.base_url) + good, encoding="utf-8")
+    server.clear_requests()
+    assert main(["sync", "--config", str(path), "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert all(line.startswith("asyncsubs: error: ") for line in err.splitlines())
+    assert server.requests == []
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_database_that_is_not_sqlite_exits_1(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "not.db"
+    db.write_bytes(b"this is not a database, just text " * 100)
+    config = write_config(tmp_path, server)
+    assert main(["sync", "--config", str(config), "--db", str(db), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"asyncsubs: error: database {db}: ")
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "no" / "x.db")]) == 2
