@@ -334,6 +334,8 @@ class _Layout:
             "status": status,
             "createdAt": iso(created),
             "processedAt": None if processed is None else iso(processed),
+            # Every resource has updatedAt, so one incremental filter serves all list endpoints.
+            "updatedAt": iso(created if processed is None else processed),
         }
 
 
@@ -361,9 +363,23 @@ class RecordSet:
         self._encoded: list[bytes | None] = [None] * self._generated
         # Changed or added records, by position; their bytes are re-serialised from these.
         self._overrides: dict[int, dict[str, Any]] = {}
+        # Deleted positions: tombstones keep positions (and so cursors) stable.
+        self._deleted: set[int] = set()
 
     def __len__(self) -> int:
+        """Positions, deleted ones included (see ``is_deleted`` and ``live_count``)."""
         return len(self.ids)
+
+    @property
+    def live_count(self) -> int:
+        return len(self.ids) - len(self._deleted)
+
+    @property
+    def has_deletions(self) -> bool:
+        return bool(self._deleted)
+
+    def is_deleted(self, position: int) -> bool:
+        return position in self._deleted
 
     def _generate(self, position: int) -> bytes:
         layout = self._layout
@@ -406,17 +422,21 @@ class RecordSet:
             return position
         return None
 
-    def get(self, record_id: int) -> dict[str, Any] | None:
+    def live_position_of(self, record_id: int) -> int | None:
         position = self.position_of(record_id)
+        return None if position is None or position in self._deleted else position
+
+    def get(self, record_id: int) -> dict[str, Any] | None:
+        position = self.live_position_of(record_id)
         return None if position is None else self.record_at(position)
 
     def get_encoded(self, record_id: int) -> bytes | None:
-        position = self.position_of(record_id)
+        position = self.live_position_of(record_id)
         return None if position is None else self.encoded_at(position)
 
     def replace(self, record_id: int, record: Mapping[str, Any]) -> dict[str, Any]:
         """Replace a record's content (its ``id`` is kept); returns the stored copy."""
-        position = self.position_of(record_id)
+        position = self.live_position_of(record_id)
         if position is None:
             raise KeyError(f"no {self.resource} record with id {record_id}")
         stored = {**record, "id": record_id}
@@ -437,9 +457,19 @@ class RecordSet:
         self._encoded.append(None)
         return stored
 
+    def delete(self, record_id: int) -> dict[str, Any]:
+        """Delete a record (KeyError if absent); returns its last state. Its id is not reused."""
+        position = self.live_position_of(record_id)
+        if position is None:
+            raise KeyError(f"no {self.resource} record with id {record_id}")
+        last = self.record_at(position)
+        self._deleted.add(position)
+        return last
+
     def iter_records(self) -> Iterator[dict[str, Any]]:
         for position in range(len(self.ids)):
-            yield self.record_at(position)
+            if position not in self._deleted:
+                yield self.record_at(position)
 
 
 class StoreData:

@@ -39,18 +39,30 @@ from ._faults import (
     encode_body,
 )
 from ._limits import ServerRateLimits, StoreStats, retry_after_header
+from ._mutations import Mutator
 from ._store import (
     DEFAULT_RECORDS,
+    ChangedSince,
     FakeStore,
     FakeStoreConfig,
     SubscriptionAction,
     TransitionError,
+    parse_timestamp,
 )
+from ._webhook_sender import WebhookSender
 
-__all__ = ["DEFAULT_VERSION", "FakeAdminServer", "Latency", "RequestRecord"]
+__all__ = [
+    "DEFAULT_INCREMENTAL_PARAM",
+    "DEFAULT_VERSION",
+    "FakeAdminServer",
+    "Latency",
+    "RequestRecord",
+]
 
 DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
+#: The incremental filter of list endpoints: records whose ``updatedAt`` is at or after it.
+DEFAULT_INCREMENTAL_PARAM: Final = "updatedAtMin"
 
 #: Fixed seconds, or (min, max) drawn uniformly from the server's seeded RNG.
 Latency = float | tuple[float, float] | None
@@ -158,8 +170,13 @@ class FakeAdminServer:
       server accepts old cursors).
     - ``control_endpoints``: serve ``GET /_fake/stats`` and ``POST /_fake/reset-stats``
       (unauthenticated, outside ``/admin/``) for ``RemoteFakeServer``.
+    - ``incremental_param``/``incremental_field``: list endpoints given
+      ``?updatedAtMin=<ISO-8601>`` return only records whose ``updatedAt`` is at or after it
+      (inclusive, whole seconds), still in id order with valid cursors; None turns it off.
 
     ``faults``, ``latency`` and rate limits (``set_rate_limits``) can be changed while running.
+    Records change over time with ``mutator(store)``, and changes are sent as signed webhooks
+    with ``deliver_webhooks(url, secret)``; both stop when the server closes.
     """
 
     def __init__(
@@ -180,6 +197,8 @@ class FakeAdminServer:
         host: str = "127.0.0.1",
         port: int = 0,
         control_endpoints: bool = True,
+        incremental_param: str | None = DEFAULT_INCREMENTAL_PARAM,
+        incremental_field: str = "updatedAt",
     ) -> None:
         if not 1 <= default_page_size <= max_page_size:
             raise ValueError("need 1 <= default_page_size <= max_page_size")
@@ -190,6 +209,10 @@ class FakeAdminServer:
         self.host = host
         self.port = port
         self.control_endpoints = control_endpoints
+        self.incremental_param = incremental_param
+        self.incremental_field = incremental_field
+        self._mutators: list[Mutator] = []
+        self._senders: list[WebhookSender] = []
         self._default_records: dict[str, int] = dict.fromkeys(RESOURCES, DEFAULT_RECORDS)
         self._default_records.update(FakeStoreConfig("_", records=records).records or {})
         self._default_limits = rate_limits or ServerRateLimits.disabled()
@@ -242,6 +265,12 @@ class FakeAdminServer:
 
     async def close(self) -> None:
         """Stop serving; in-flight "slow" answers are cut short. Safe to call twice."""
+        # Changes and deliveries stop first: nothing is sent for a server that is gone.
+        for mutator in self._mutators:
+            await mutator.stop()
+        senders, self._senders = self._senders, []
+        for sender in senders:
+            await sender.close()
         runner, self._runner = self._runner, None
         if runner is None:
             return
@@ -316,6 +345,30 @@ class FakeAdminServer:
 
     def record(self, store: str, resource: str, record_id: int) -> dict[str, Any] | None:
         return self.store(store).get(resource, record_id)
+
+    # --- records over time, webhooks ----------------------------------------------------------
+
+    def mutator(self, store: str, **options: Any) -> Mutator:
+        """A ``Mutator`` changing ``store``'s records (``seed`` defaults to the server's);
+        ``await m.run(steps=N)`` or ``m.start(interval=s)``. Stopped when the server closes."""
+        options.setdefault("seed", self.seed)
+        mutator = Mutator(self.store(store), **options)
+        self._mutators.append(mutator)
+        return mutator
+
+    async def deliver_webhooks(
+        self, url: str, secret: str | bytes, *, stores: Iterable[str] | None = None, **options: Any
+    ) -> WebhookSender:
+        """Send every change of ``stores`` (default: all) as a signed webhook to ``url``.
+
+        ``options`` go to ``WebhookSender`` (``drop_fraction=0.1``, ``seed``, ``max_attempts``,
+        ``encoding``, ...). Returns the started sender; closed when the server closes."""
+        options.setdefault("seed", self.seed)
+        names = list(self._stores) if stores is None else list(stores)
+        sender = WebhookSender(url, secret, stores=[self.store(n) for n in names], **options)
+        await sender.start()
+        self._senders.append(sender)
+        return sender
 
     # --- limits, counters, log ----------------------------------------------------------------
 
@@ -645,8 +698,24 @@ class FakeAdminServer:
                 message = f"status must be one of {', '.join(SUBSCRIPTION_STATUSES)}"
                 return self._error(ctx, 400, "BAD_REQUEST", message)
 
+        changed_since = None
+        raw_since = None if self.incremental_param is None else query.get(self.incremental_param)
+        if raw_since is not None:
+            since = parse_timestamp(raw_since)
+            if since is None:
+                message = (
+                    f"{self.incremental_param} must be an ISO-8601 timestamp, got {raw_since!r}"
+                )
+                return self._error(ctx, 400, "BAD_REQUEST", message)
+            changed_since = ChangedSince(since)
+
         parts, last_id, has_next = store.page(
-            resource, after_id=after_id, size=size, statuses=statuses
+            resource,
+            after_id=after_id,
+            size=size,
+            statuses=statuses,
+            changed_since=changed_since,
+            change_field=self.incremental_field,
         )
         next_cursor = None
         if has_next and last_id is not None:

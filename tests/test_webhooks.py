@@ -1,0 +1,680 @@
+"""asyncsubs.webhooks: signatures, dedupe, bounded queue, retries and dead letters; and the whole
+loop end to end (fake server mutating records, lossy signed webhooks, one reconciliation pull).
+
+Nothing sleeps to synchronise: ``receiver.join()``/``sender.join()`` wait for work to finish,
+and handlers block on events the test controls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import itertools
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from asyncsubs import AdminClient, ConfigError, Limits
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+from asyncsubs.testing._data import iso
+from asyncsubs.webhooks import (
+    DedupeWindow,
+    MemoryDeadLetters,
+    SQLiteDeadLetters,
+    WebhookConfig,
+    WebhookEvent,
+    WebhookReceiver,
+    parse_event,
+    signature_header_value,
+    supersedes,
+)
+
+SECRET = "whsec-test-0123456789"
+RESOURCES = ("subscriptions", "customers", "orders")
+
+
+def hex_sig(body: bytes, secret: str = SECRET) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def b64_sig(body: bytes, secret: str = SECRET) -> str:
+    return base64.b64encode(hmac.new(secret.encode(), body, hashlib.sha256).digest()).decode()
+
+
+def event_body(event_id: str = "evt-1", topic: str = "subscriptions/update", **data: Any) -> bytes:
+    record = {"id": 200_000_001, "status": "PAUSED", "updatedAt": "2026-01-02T03:04:05Z", **data}
+    return orjson.dumps(
+        {
+            "id": event_id,
+            "topic": topic,
+            "store": "acme",
+            "createdAt": "2026-01-02T03:04:06Z",
+            "data": record,
+        }
+    )
+
+
+class Recorder:
+    """A handler that records events; optionally fails the first ``failures`` calls, or waits
+    for ``gate`` before returning."""
+
+    def __init__(self, failures: int = 0, gate: asyncio.Event | None = None) -> None:
+        self.events: list[WebhookEvent] = []
+        self.calls = 0
+        self.failures = failures
+        self.gate = gate
+        self.entered = asyncio.Event()
+
+    async def __call__(self, event: WebhookEvent) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.calls <= self.failures:
+            raise RuntimeError(f"handler failure {self.calls}")
+        self.events.append(event)
+
+
+Post = Callable[..., Awaitable[tuple[int, dict[str, Any]]]]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+Start = Callable[..., Awaitable[tuple[WebhookReceiver, Post]]]
+
+
+@pytest.fixture
+async def started(session: aiohttp.ClientSession) -> AsyncIterator[Start]:
+    """``await started(handler, **config)`` -> (a listening receiver, ``post(body, ...)``)."""
+    receivers: list[WebhookReceiver] = []
+
+    async def start(
+        handler: Callable[[WebhookEvent], Awaitable[None]] | None = None, **options: Any
+    ) -> tuple[WebhookReceiver, Post]:
+        dead_letters = options.pop("dead_letters", None)
+        config = WebhookConfig(options.pop("secret", SECRET), **options)
+        receiver = WebhookReceiver(config, handler or Recorder(), dead_letters=dead_letters)
+        url = await receiver.listen("127.0.0.1", 0)
+        receivers.append(receiver)
+
+        async def post(
+            body: bytes,
+            signature: str | None = "auto",
+            headers: Mapping[str, str] | None = None,
+        ) -> tuple[int, dict[str, Any]]:
+            sent = dict(headers or {})
+            if signature == "auto":
+                sent["X-Service-Signature"] = hex_sig(body)
+            elif signature is not None:
+                sent["X-Service-Signature"] = signature
+            async with session.post(url, data=body, headers=sent) as response:
+                answer = orjson.loads(await response.read() or b"{}")
+                if response.status == 503:
+                    answer["retry_after"] = response.headers.get("Retry-After")
+                return response.status, answer
+
+        return receiver, post
+
+    yield start
+    for receiver in receivers:
+        await receiver.close(timeout=1.0)
+
+
+# --- signatures ---------------------------------------------------------------------------------
+
+
+async def test_valid_signature_is_accepted_and_handed_to_the_handler(started: Start) -> None:
+    handler = Recorder()
+    receiver, post = await started(handler)
+    body = event_body()
+    assert await post(body) == (200, {"status": "accepted"})
+    await receiver.join()
+    [event] = handler.events
+    assert (event.id, event.topic, event.resource, event.action) == (
+        "evt-1",
+        "subscriptions/update",
+        "subscriptions",
+        "update",
+    )
+    assert event.record is not None
+    assert event.record["status"] == "PAUSED"
+    assert event.record_id == 200_000_001
+    assert (event.store, event.created_at, event.is_delete) == (
+        "acme",
+        "2026-01-02T03:04:06Z",
+        False,
+    )
+    assert event.raw == orjson.loads(body)
+    stats = receiver.stats
+    assert (stats.received, stats.accepted, stats.handled) == (1, 1, 1)
+
+
+async def test_invalid_and_missing_signatures_are_401(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = Recorder()
+    receiver, post = await started(handler)
+    body = event_body()
+    caplog.set_level(logging.DEBUG, logger="asyncsubs")
+    assert (await post(body, signature=hex_sig(body, "another-secret")))[0] == 401
+    assert (await post(body + b" ", signature=hex_sig(body)))[0] == 401  # body changed
+    assert (await post(body, signature=None))[0] == 401
+    assert (await post(body, signature=""))[0] == 401
+    assert (await post(body, signature="zz" * 32))[0] == 401
+    assert (await post(body, signature=hex_sig(body)[:-2]))[0] == 401  # truncated
+    await receiver.join()
+    assert handler.calls == 0
+    assert receiver.stats.unauthorized == 6
+    assert SECRET not in caplog.text
+    assert hex_sig(body) not in caplog.text
+
+
+async def test_wrong_encoding_is_401_and_each_encoding_works_when_configured(
+    started: Start,
+) -> None:
+    body = event_body()
+    _, hex_post = await started()
+    assert (await hex_post(body, signature=b64_sig(body)))[0] == 401
+    assert (await hex_post(body, signature=hex_sig(body).upper()))[0] == 200
+
+    _, b64_post = await started(encoding="base64")
+    assert (await b64_post(body, signature=hex_sig(body)))[0] == 401
+    assert (await b64_post(body, signature=b64_sig(body)))[0] == 200
+    urlsafe = b64_sig(event_body("evt-2")).translate(str.maketrans("+/", "-_")).rstrip("=")
+    assert (await b64_post(event_body("evt-2"), signature=urlsafe))[0] == 200
+
+
+async def test_header_prefix_rotation_and_algorithm(started: Start) -> None:
+    body = event_body()
+    _, post = await started(
+        secret="new-secret",
+        previous_secrets=[SECRET],
+        signature_header="X-Hub-Signature-256",
+        signature_prefix="sha256=",
+        algorithm="sha512",
+    )
+    old = signature_header_value(SECRET, body, algorithm="sha512", prefix="sha256=")
+    new = signature_header_value("new-secret", body, algorithm="sha512", prefix="sha256=")
+    header = "X-Hub-Signature-256"
+    assert (await post(body, None, {header: hex_sig(body)}))[0] == 401  # sha256, no prefix
+    assert (await post(body, None, {header: old.removeprefix("sha256=")}))[0] == 401
+    assert (await post(body, None, {header: f"sha256=deadbeef, {old}"}))[0] == 200
+    assert (await post(event_body("evt-2"), None, {header: new}))[0] == 401  # other body
+    body2 = event_body("evt-2")
+    new2 = signature_header_value("new-secret", body2, algorithm="sha512", prefix="sha256=")
+    assert (await post(body2, None, {header: new2}))[0] == 200
+
+
+async def test_timestamped_signatures_refuse_stale_deliveries(
+    session: aiohttp.ClientSession,
+) -> None:
+    now = 1_800_000_000.0
+    config = WebhookConfig(SECRET, timestamp_header="X-Service-Timestamp", sign_timestamp=True)
+    handler = Recorder()
+    receiver = WebhookReceiver(config, handler, clock=lambda: now)
+    url = await receiver.listen()
+    try:
+
+        async def post(body: bytes, stamp: str | None, signed_stamp: str | None) -> int:
+            headers = {}
+            if stamp is not None:
+                headers["X-Service-Timestamp"] = stamp
+            signed = body if signed_stamp is None else f"{signed_stamp}.".encode() + body
+            headers["X-Service-Signature"] = hex_sig(signed)
+            async with session.post(url, data=body, headers=headers) as response:
+                return response.status
+
+        fresh = str(int(now - 10))
+        assert await post(event_body("a"), fresh, fresh) == 200
+        assert await post(event_body("b"), None, None) == 401  # no timestamp
+        stale = str(int(now - 301))
+        assert await post(event_body("c"), stale, stale) == 401  # outside the tolerance
+        assert await post(event_body("d"), fresh, str(int(now))) == 401  # not what was signed
+        assert await post(event_body("e"), fresh, None) == 401  # body alone is not enough
+        iso_stamp = "2027-01-15T08:00:00+00:00"  # == now, as ISO-8601
+        assert await post(event_body("f"), iso_stamp, iso_stamp) == 200
+        await receiver.join()
+    finally:
+        await receiver.close()
+    assert [e.id for e in handler.events] == ["a", "f"]
+
+
+# --- body ----------------------------------------------------------------------------------------
+
+
+async def test_unparseable_bodies_are_400_after_the_signature_check(started: Start) -> None:
+    handler = Recorder()
+    receiver, post = await started(handler)
+    for body in (b"{not json", b"[1, 2]", b'"text"', b"", orjson.dumps({"id": "no-topic"})):
+        status, answer = await post(body)
+        assert (status, answer) == (400, {"status": "bad request"}), body
+    # Signature first: an unsigned bad body says nothing about parsing.
+    assert (await post(b"{not json", signature=None))[0] == 401
+    await receiver.join()
+    assert handler.calls == 0
+    assert receiver.stats.bad_request == 5
+
+
+async def test_oversized_bodies_are_refused_with_or_without_a_length(
+    started: Start, session: aiohttp.ClientSession
+) -> None:
+    handler = Recorder()
+    receiver, post = await started(handler, max_body_bytes=1000)
+    big = event_body(note="x" * 2000)
+    assert (await post(big))[0] == 413
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(big), 100):
+            yield big[i : i + 100]
+
+    assert receiver.url is not None
+    headers = {"X-Service-Signature": hex_sig(big)}
+    async with session.post(receiver.url, data=chunks(), headers=headers) as response:
+        assert response.status == 413
+    just_fits = event_body()
+    assert len(just_fits) <= 1000
+    assert (await post(just_fits))[0] == 200
+    await receiver.join()
+    assert [e.id for e in handler.events] == ["evt-1"]
+    assert receiver.stats.too_large == 2
+
+
+async def test_event_shape_is_configurable(started: Start) -> None:
+    handler = Recorder()
+    receiver, post = await started(
+        handler,
+        event_id_header="X-Event-Id",
+        topic_header="X-Topic",
+        data_key=None,
+        store_key=None,
+    )
+    record = {"id": 42, "status": "CANCELLED"}
+    body = orjson.dumps(record)
+    headers = {"X-Event-Id": "hdr-1", "X-Topic": "subscription.deleted"}
+    assert (await post(body, headers=headers))[0] == 200
+    assert (await post(body, headers=headers))[1] == {"status": "duplicate"}
+    await receiver.join()
+    [event] = handler.events
+    assert (event.id, event.resource, event.action, event.is_delete) == (
+        "hdr-1",
+        "subscriptions",
+        "deleted",
+        True,
+    )
+    assert (event.record, event.record_id, event.store) == (record, 42, None)
+
+
+def test_parse_event_without_an_id_uses_the_body_digest() -> None:
+    config = WebhookConfig(SECRET)
+    body = orjson.dumps({"topic": "orders/create", "data": [1]})
+    event = parse_event(config, body)
+    assert event.id == "sha256:" + hashlib.sha256(body).hexdigest()
+    assert (event.record, event.record_id) == (None, None)
+    assert parse_event(config, body).id == event.id
+
+
+# --- dedupe --------------------------------------------------------------------------------------
+
+
+async def test_replayed_delivery_is_ignored(started: Start) -> None:
+    handler = Recorder()
+    receiver, post = await started(handler)
+    body = event_body()
+    assert (await post(body))[1] == {"status": "accepted"}
+    assert (await post(body))[1] == {"status": "duplicate"}
+    # The same event id with another body (a re-signed retry) is still the same event.
+    assert (await post(event_body(status="ACTIVE")))[1] == {"status": "duplicate"}
+    await receiver.join()
+    assert len(handler.events) == 1
+    assert receiver.stats.duplicates == 2
+
+
+def test_dedupe_window_expires_and_is_bounded() -> None:
+    now = [0.0]
+    window = DedupeWindow(10.0, 3, clock=lambda: now[0])
+    window.add("a")
+    now[0] = 5.0
+    window.add("b")
+    assert "a" in window
+    assert "b" in window
+    now[0] = 10.0
+    assert "a" not in window
+    assert "b" in window
+    for name in ("c", "d", "e"):
+        window.add(name)
+    assert len(window) == 3
+    assert "b" not in window  # evicted by the size bound, oldest first
+    now[0] = 100.0
+    assert len(window) == 0
+
+
+# --- queue, retries, dead letters ----------------------------------------------------------------
+
+
+async def test_full_queue_answers_503_and_the_retry_is_not_deduped(started: Start) -> None:
+    gate = asyncio.Event()
+    handler = Recorder(gate=gate)
+    receiver, post = await started(handler, queue_size=2, retry_after=7)
+    assert (await post(event_body("e1")))[0] == 200
+    await handler.entered.wait()  # the worker holds e1, so the queue has room for two
+    assert (await post(event_body("e2")))[0] == 200
+    assert (await post(event_body("e3")))[0] == 200
+    status, answer = await post(event_body("e4"))
+    assert (status, answer["retry_after"]) == (503, "7")
+    assert receiver.pending == 2
+    gate.set()
+    await receiver.join()
+    assert (await post(event_body("e4")))[1] == {"status": "accepted"}
+    await receiver.join()
+    assert [e.id for e in handler.events] == ["e1", "e2", "e3", "e4"]
+    assert receiver.stats.unavailable == 1
+
+
+async def test_handler_failures_are_retried(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = Recorder(failures=2)
+    receiver, post = await started(handler, max_handler_attempts=3)
+    await post(event_body())
+    await receiver.join()
+    assert handler.calls == 3
+    assert [e.id for e in handler.events] == ["evt-1"]
+    assert await receiver.dead_letters.all() == []
+    assert receiver.stats.failed_attempts == 2
+    assert "handler attempt 1/3 failed (RuntimeError: handler failure 1)" in caplog.text
+
+
+async def test_handler_that_keeps_failing_goes_to_the_dead_letters(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = Recorder(failures=100)
+    receiver, post = await started(handler, max_handler_attempts=4)
+    body = event_body()
+    await post(body)
+    await receiver.join()
+    assert handler.calls == 4
+    [letter] = await receiver.dead_letters.all()
+    assert (letter.event_id, letter.topic, letter.body, letter.attempts) == (
+        "evt-1",
+        "subscriptions/update",
+        body,
+        4,
+    )
+    assert letter.error == "RuntimeError: handler failure 4"
+    assert "failed 4 times; dead-lettered" in caplog.text
+    assert receiver.stats.dead_lettered == 1
+
+    # Once whatever broke the handler is fixed, the letters can be handled after all.
+    handler.failures = 0
+    assert await receiver.requeue_dead_letters() == 1
+    await receiver.join()
+    assert [e.id for e in handler.events] == ["evt-1"]
+    assert await receiver.dead_letters.all() == []
+
+
+async def test_sqlite_dead_letters(started: Start, tmp_path: Path) -> None:
+    path = tmp_path / "sync.db"
+    store = SQLiteDeadLetters(path)
+    receiver, post = await started(
+        Recorder(failures=100), max_handler_attempts=2, dead_letters=store
+    )
+    await post(event_body("a"))
+    await post(event_body("b", topic="orders/create"))
+    await receiver.join()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT event_id, topic, body, error, attempts, failed_at FROM webhook_dead_letters"
+        ).fetchall()
+    assert [(r[0], r[1], r[4]) for r in rows] == [
+        ("a", "subscriptions/update", 2),
+        ("b", "orders/create", 2),
+    ]
+    assert bytes(rows[0][2]) == event_body("a")
+    assert rows[0][3] == "RuntimeError: handler failure 2"
+    assert rows[0][5].endswith("+00:00")
+    letters = await store.all()
+    assert [x.event_id for x in letters] == ["a", "b"]
+    assert await store.remove("a") == 1
+    assert [x.event_id for x in await store.all()] == ["b"]
+    await store.close()
+
+
+async def test_close_dead_letters_what_was_accepted_but_not_handled(started: Start) -> None:
+    handler = Recorder(gate=asyncio.Event())  # never opened: the handler hangs
+    receiver, post = await started(handler)
+    await post(event_body("stuck"))
+    await post(event_body("queued"))
+    await handler.entered.wait()
+    await receiver.close(timeout=0.01)
+    letters = {x.event_id: x for x in await receiver.dead_letters.all()}
+    assert set(letters) == {"stuck", "queued"}
+    assert letters["stuck"].error == "receiver closed while the event was being handled"
+    assert letters["queued"].error == "receiver closed before the event was handled"
+    # Closed: deliveries are refused with 503, so the sender keeps them.
+    assert (await receiver.handle(make_request(event_body("late")))).status == 503
+
+
+async def test_a_failing_dead_letter_store_falls_back_to_memory(started: Start) -> None:
+    class Broken(MemoryDeadLetters):
+        async def add(self, letter: Any) -> None:
+            raise OSError("disk full")
+
+    receiver, post = await started(
+        Recorder(failures=100), max_handler_attempts=1, dead_letters=Broken()
+    )
+    await post(event_body())
+    await receiver.join()
+    assert [x.event_id for x in await receiver.unsaved_dead_letters.all()] == ["evt-1"]
+
+
+# --- in a user's own application ------------------------------------------------------------------
+
+
+async def test_handle_inside_a_users_app(session: aiohttp.ClientSession) -> None:
+    handler = Recorder()
+    receiver = WebhookReceiver(WebhookConfig(SECRET), handler)
+    app = web.Application()
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_get("/health", health)
+    receiver.attach(app, "/hooks/acme")
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    body = event_body()
+    try:
+        url = f"http://{host}:{port}/hooks/acme"
+        headers = {"X-Service-Signature": hex_sig(body)}
+        async with session.post(url, data=body, headers=headers) as response:
+            assert response.status == 200
+        await receiver.join()
+    finally:
+        await runner.cleanup()  # on_cleanup closes the receiver
+    assert [e.id for e in handler.events] == ["evt-1"]
+    status = await receiver.handle(make_request(body))
+    assert status.status == 503  # closed with the app
+
+
+def make_request(body: bytes) -> web.Request:
+    from aiohttp.test_utils import make_mocked_request
+
+    return make_mocked_request("POST", "/hooks", headers={"X-Service-Signature": hex_sig(body)})
+
+
+async def test_unexpected_errors_are_500_not_exceptions(
+    started: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receiver, post = await started()
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("asyncsubs._webhooks_receiver.parse_event", boom)
+    assert (await post(event_body()))[0] == 500
+    assert receiver.stats.errors == 1
+
+
+def test_config_validation_and_secret_hygiene() -> None:
+    config = WebhookConfig(SECRET, previous_secrets=["older-secret"])
+    assert SECRET not in repr(config)
+    assert "older-secret" not in repr(config)
+    assert config.secrets == (SECRET.encode(), b"older-secret")
+    bad: list[dict[str, Any]] = [
+        {"encoding": "base32"},
+        {"algorithm": "rot13"},
+        {"signature_header": "bad header"},
+        {"queue_size": 0},
+        {"max_body_bytes": -1},
+        {"dedupe_window": float("nan")},
+        {"max_handler_attempts": 1.5},
+        {"handler_backoff_initial": 5.0, "handler_backoff_max": 1.0},
+        {"topic_key": None},
+        {"sign_timestamp": True},
+        {"data_key": ""},
+    ]
+    for options in bad:
+        with pytest.raises(ConfigError):
+            WebhookConfig(SECRET, **options)
+    for secret in ("", b"", None):
+        with pytest.raises(ConfigError) as info:
+            WebhookConfig(secret)  # type: ignore[arg-type]
+        assert "non-empty" in str(info.value)
+    with pytest.raises(ConfigError):
+        WebhookReceiver(config, "not callable")  # type: ignore[arg-type]
+
+
+def test_supersedes() -> None:
+    old = {"id": 1, "updatedAt": "2026-01-01T00:00:00Z"}
+    new = {"id": 1, "updatedAt": "2026-01-01T00:00:01Z"}
+    assert supersedes(new, old)
+    assert not supersedes(old, new)
+    assert supersedes(old, old)  # equal stamps: the later arrival wins
+    assert supersedes(old, None)
+    assert supersedes({"id": 1}, new)
+    assert supersedes(new, {"id": 1})
+    assert supersedes({"id": 1, "updatedAt": "2026-01-01T01:00:00+01:00"}, old)
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+
+def state(server: FakeAdminServer, store: str) -> dict[str, dict[int, dict[str, Any]]]:
+    return {r: {rec["id"]: rec for rec in server.records(store, r)} for r in RESOURCES}
+
+
+class Replica:
+    """A local copy fed by pulls and webhooks: a newer-or-equal version replaces the stored one,
+    so late or out-of-order deliveries never roll a record back."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[int, dict[str, Any]]] = {r: {} for r in RESOURCES}
+
+    def put(self, resource: str, record: Mapping[str, Any]) -> None:
+        table = self.tables[resource]
+        if supersedes(record, table.get(record["id"])):
+            table[record["id"]] = dict(record)
+
+    async def apply(self, event: WebhookEvent) -> None:
+        if event.is_delete:
+            self.tables[event.resource].pop(event.record_id, None)
+        elif event.record is not None:
+            self.put(event.resource, event.record)
+
+    async def pull(self, client: AdminClient, params: Mapping[str, Any] | None = None) -> int:
+        count = 0
+        for resource in RESOURCES:
+            endpoint = getattr(client, resource)
+            async for record in endpoint.list(page_size=37, params=params, model=dict):
+                self.put(resource, record)
+                count += 1
+        return count
+
+
+def stepping_clock(start: float, step: float = 0.3) -> Callable[[], float]:
+    """Mutation stamps far from today, several per second (equal stamps happen)."""
+    ticks = itertools.count()
+    return lambda: start + step * next(ticks)
+
+
+async def test_end_to_end_lossy_webhooks_then_one_reconciliation_pull(
+    fast_limits: Limits,
+) -> None:
+    stores = [FakeStoreConfig("acme", records=150)]
+    async with FakeAdminServer(stores=stores, rate_limits=None, seed=3) as server:
+        replica = Replica()
+        receiver = WebhookReceiver(WebhookConfig(SECRET), replica.apply)
+        url = await receiver.listen("127.0.0.1", 0)
+        sender = await server.deliver_webhooks(url, SECRET, drop_fraction=0.1, seed=11)
+        start = 1_900_000_000.0  # 2030: after every generated record
+        mutator = server.mutator("acme", seed=5, clock=stepping_clock(start))
+        async with AdminClient(
+            token=server.store("acme").token,
+            base_url=server.base_url,
+            store="acme",
+            limits=fast_limits,
+            timeout=5.0,
+        ) as client:
+            total = await replica.pull(client)  # (1) the initial full pull
+            assert replica.tables == state(server, "acme")
+
+            since = iso(start)  # taken before the first change
+            await mutator.run(steps=400)  # (2) changes, sent as webhooks, 10% dropped
+            await sender.join()
+            await receiver.join()
+            stats = sender.stats
+            assert stats.events >= 400  # status changes also touch customers
+            assert 0.05 * stats.events < stats.dropped < 0.15 * stats.events
+            assert stats.delivered == stats.events - stats.dropped
+            assert receiver.stats.handled == stats.delivered
+            assert replica.tables != state(server, "acme")  # the dropped changes are missing
+
+            # (3) one incremental pull from before the changes began reconciles everything.
+            pulled = await replica.pull(client, {"updatedAtMin": since})
+            await receiver.close()
+        assert replica.tables == state(server, "acme")
+        assert 0 < pulled < total  # only what changed, not whole lists
+        assert set(mutator.counts) >= {"subscription_action", "order_create", "customer_create"}
+
+
+async def test_end_to_end_deletes_via_webhooks(fast_limits: Limits) -> None:
+    stores = [FakeStoreConfig("acme", records=60)]
+    async with FakeAdminServer(stores=stores, rate_limits=None, seed=4) as server:
+        replica = Replica()
+        receiver = WebhookReceiver(WebhookConfig(SECRET), replica.apply)
+        url = await receiver.listen("127.0.0.1", 0)
+        sender = await server.deliver_webhooks(url, SECRET, drop_fraction=0.0)
+        mutator = server.mutator(
+            "acme", seed=2, weights={"subscription_delete": 3.0}, clock=stepping_clock(2e9)
+        )
+        async with AdminClient(
+            token=server.store("acme").token,
+            base_url=server.base_url,
+            store="acme",
+            limits=fast_limits,
+            timeout=5.0,
+        ) as client:
+            await replica.pull(client)
+        await mutator.run(steps=150)
+        await sender.join()
+        await receiver.join()
+        await receiver.close()
+        assert mutator.counts["subscription_delete"] > 10
+        assert replica.tables == state(server, "acme")
+        assert sender.stats.delivered == sender.stats.events
