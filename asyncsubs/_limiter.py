@@ -107,6 +107,25 @@ _NEVER = -math.inf
 #: that would only cost another timer; within this slack, the moment counts as reached.
 _SLACK = time.get_clock_info("monotonic").resolution
 
+#: A shared-backend slot is kept at least this long before it counts as stale (a local Redis
+#: round trip takes ~0.2 ms, a remote one a few ms).
+_MIN_STALE_SECONDS = 0.01
+
+#: The slack of loops whose clock is not asyncio's. uvloop's loop.time() counts whole
+#: milliseconds (cached per loop iteration) and rounds timer delays to the nearest millisecond,
+#: a delay under half a millisecond to "now": with a finer slack, a woken task would find itself
+#: a fraction of a millisecond early and re-arm a zero-delay timer until the clock ticks over,
+#: dozens of loop iterations per request.
+_COARSE_SLACK = 1e-3
+
+
+def _clock_slack(loop: asyncio.AbstractEventLoop) -> float:
+    """How far before its moment a woken task may find ``loop.time()``: the loop clock's grain."""
+    resolution = getattr(loop, "_clock_resolution", None)  # asyncio's BaseEventLoop
+    if isinstance(resolution, float) and 0 < resolution <= _COARSE_SLACK:
+        return max(resolution, _SLACK)
+    return _COARSE_SLACK
+
 
 # --------------------------------------------------------------------------------------------
 # Statistics
@@ -333,6 +352,7 @@ class StoreLimiter:
         # Weak: the registry is keyed weakly by loop, and a strong reference from the value
         # would keep every loop that ever bound a store alive.
         self._loop_ref = weakref.ref(loop)
+        self._slack = _clock_slack(loop)
         self._in_flight = _FifoGate(limits.max_in_flight)
         self._pools = {name: _Pool(name, limits.interval_for(name)) for name in limits.pools}
         # Strong references to backend pause calls in progress (the loop keeps only weak ones).
@@ -460,10 +480,14 @@ class StoreLimiter:
                 # A slot from before a pause, or one left unused for a while (its claimer was
                 # cancelled), would start out of step with the other processes: drop it; the
                 # backend only ever loses a slot, which is the safe side.
-                if at is not None and (at < p.pause_until or at + p.interval < now):
+                # A slot claimed more than an interval ago is stale (using it now could put two
+                # starts closer than the interval); but never call a slot stale before a backend
+                # round trip could have returned it, or tiny intervals would re-claim forever.
+                stale_after = max(p.interval, _MIN_STALE_SECONDS)
+                if at is not None and (at < p.pause_until or at + stale_after < now):
                     p.reserved_at = at = None
                 if at is None:
-                    if ready_at - now > _SLACK:
+                    if ready_at - now > self._slack:
                         # Claim a shared slot only once this process may start: the slot then
                         # lies after our own last start + interval, so both paces agree.
                         await _sleep_until(loop, ready_at)
@@ -471,16 +495,18 @@ class StoreLimiter:
                     await self._reserve(loop, p)
                     continue
                 ready_at = max(ready_at, at)
-            if ready_at - now > _SLACK:
+            if ready_at - now > self._slack:
                 await _sleep_until(loop, ready_at)
                 continue  # re-check: a pause may have come in meanwhile
             await self._in_flight.acquire()
             now = loop.time()
-            if p.pause_until - now > _SLACK:
+            if p.pause_until - now > self._slack:
                 # Paused while queued at the gate: give the place back, wait out the pause.
                 self._in_flight.release()
                 continue
-            p.last_start = now
+            # A start within the slack before its moment is paced as if it were on time, so
+            # the next start is never earlier for it: early starts cannot add up in a window.
+            p.last_start = max(now, ready_at)
             p.reserved_at = None
             return now
 

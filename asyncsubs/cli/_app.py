@@ -28,7 +28,15 @@ from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
 from .._pagination import DEFAULT_PREFETCH
 from .._version import __version__
 from ..errors import AsyncSubsError, ConfigError
-from ._config_file import RESOURCES, ConfigFileError, load_config, parse_db_url, parse_rate
+from ._config_file import (
+    RESOURCES,
+    ConfigFileError,
+    StoreConfig,
+    load_config,
+    parse_db_url,
+    parse_rate,
+)
+from ._listen import DEFAULT_RECONCILE_EVERY, parse_listen, run_listen
 from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
     Mode,
@@ -98,6 +106,13 @@ def _positive_float(text: str) -> float:
 def _rate(text: str) -> Rate:
     try:
         return parse_rate(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    try:
+        return parse_listen(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -212,6 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ID",
         help="only this store from the config (repeatable)",
+    )
+    listen = sync.add_argument_group("webhooks (keep running until Ctrl-C or SIGTERM)")
+    listen.add_argument(
+        "--listen",
+        type=_listen_address,
+        metavar="HOST:PORT",
+        help="also receive each store's webhooks at http://HOST:PORT/webhooks/<store> and apply "
+        "them to the database (secret: webhook_secret_env in the config); after the initial "
+        "sync, pull incrementally every --reconcile-every seconds to catch missed webhooks",
+    )
+    listen.add_argument(
+        "--reconcile-every",
+        type=_positive_float,
+        metavar="SECONDS",
+        help=f"seconds between reconciliation pulls with --listen "
+        f"(default {DEFAULT_RECONCILE_EVERY:g})",
     )
     sync.set_defaults(handler=cmd_sync)
 
@@ -375,7 +406,14 @@ def _force(args: argparse.Namespace) -> str | None:
     return None if args.progress == "auto" else str(args.progress)
 
 
-def sync_summary(tracker: Tracker, elapsed: float, db: Path, *, stream: IO[str]) -> None:
+def sync_summary(
+    tracker: Tracker,
+    elapsed: float,
+    db: Path,
+    *,
+    stream: IO[str],
+    passes: int | None = None,
+) -> None:
     rows = []
     for row in tracker.rows.values():
         stats = row.pool_stats()
@@ -394,6 +432,13 @@ def sync_summary(tracker: Tracker, elapsed: float, db: Path, *, stream: IO[str])
             ]
         )
     stores = len({row.store for row in tracker.rows.values()})
+    if passes is None:
+        done = f"{tracker.records:,} records from {stores} stores in {elapsed:.1f}s into {db}"
+    else:  # --listen: the rows show the last pull; the total counts every one
+        done = (
+            f"{tracker.pulled:,} records pulled in {passes} runs from {stores} stores in "
+            f"{elapsed:.1f}s into {db}; the rows show the last run"
+        )
     print_table(
         "sync summary",
         [
@@ -411,8 +456,48 @@ def sync_summary(tracker: Tracker, elapsed: float, db: Path, *, stream: IO[str])
         rows,
         stream=stream,
         footer=[
-            f"{tracker.records:,} records from {stores} stores in {elapsed:.1f}s into {db}"
-            " (rows: this store's rows in the table; requests/429s/retries: the resource's pool)"
+            f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
+            "resource's pool)"
+        ],
+    )
+
+
+def webhook_summary(tracker: Tracker, *, stream: IO[str]) -> None:
+    rows = []
+    for hook in tracker.webhooks.values():
+        stats = hook.stats()
+        rows.append(
+            [
+                hook.store,
+                f"{stats.accepted:,}",
+                f"{stats.duplicates:,}",
+                f"{hook.applied:,}",
+                f"{hook.deletes:,}",
+                f"{hook.stale:,}",
+                f"{hook.ignored:,}",
+                f"{stats.unauthorized + stats.bad_request + stats.too_large:,}",
+                f"{stats.dead_lettered:,}",
+            ]
+        )
+    print_table(
+        "webhooks",
+        [
+            "store",
+            "accepted",
+            "duplicates",
+            "applied",
+            "deletes",
+            "stale",
+            "ignored",
+            "refused",
+            "dead letters",
+        ],
+        rows,
+        stream=stream,
+        footer=[
+            "applied: rows written or deleted; stale: older than the stored row, or deleted; "
+            "ignored: resources not synced; refused: bad signature or not an event; "
+            "dead letters: in the table webhook_dead_letters"
         ],
     )
 
@@ -421,15 +506,20 @@ def cmd_sync(args: argparse.Namespace) -> int:
     db_path = parse_db_url(args.db)
     if not db_path.parent.is_dir():
         raise ConfigError(f"--db: directory {db_path.parent} does not exist")
+    if args.listen is None and args.reconcile_every is not None:
+        raise ConfigError("--reconcile-every needs --listen")
     configs = load_config(
         Path(args.config),
         os.environ,
         resources=_resource_list(args.resources),
         only_stores=args.store,
+        listen=args.listen is not None,
     )
     tracker = Tracker()
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     started = time.monotonic()
+    if args.listen is not None:
+        return _listen(args, configs, db_path, tracker, mode)
     try:
         run_async(
             lambda: run_sync(configs, db_path, tracker, max_stores=args.max_stores),
@@ -449,6 +539,81 @@ def cmd_sync(args: argparse.Namespace) -> int:
     if failed:
         raise CommandFailed([f"store {row.store}, {row.resource}: {row.error}" for row in failed])
     return EXIT_OK
+
+
+class _MessageLog(logging.Handler):
+    """The receivers' warnings and errors (refused deliveries, failed and dead-lettered events)
+    as one line each among the progress, like every other CLI message: no traceback (--debug
+    has them), and printed through the live display rather than across it."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(logging.WARNING)
+        self.tracker = tracker
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = " ".join(record.getMessage().split())
+            if self.tracker.has_display:
+                self.tracker.message(f"{record.levelname.lower()}: {text}")
+            elif record.levelno >= logging.ERROR:  # --quiet: errors only
+                error(text)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _webhook_log(tracker: Tracker, *, enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("asyncsubs.webhooks")
+    handler = _MessageLog(tracker)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _listen(
+    args: argparse.Namespace,
+    configs: Sequence[StoreConfig],
+    db_path: Path,
+    tracker: Tracker,
+    mode: Mode,
+) -> int:
+    """``sync --listen``: runs until stopped, so it only ends by a signal or a failure."""
+    host, port = args.listen
+    every = DEFAULT_RECONCILE_EVERY if args.reconcile_every is None else args.reconcile_every
+    started = time.monotonic()
+    try:
+        with _webhook_log(tracker, enabled=not args.debug):
+            run_async(
+                lambda: run_listen(
+                    configs,
+                    db_path,
+                    tracker,
+                    host=host,
+                    port=port,
+                    reconcile_every=every,
+                    max_stores=args.max_stores,
+                ),
+                tracker,
+                mode,
+                args.progress_interval,
+            )
+    except CommandFailed as exc:
+        if not args.quiet:
+            elapsed = time.monotonic() - started
+            sync_summary(tracker, elapsed, db_path, stream=sys.stdout, passes=tracker.runs)
+            webhook_summary(tracker, stream=sys.stdout)
+        if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+            note(
+                "stopped; accepted webhooks were applied (or dead-lettered) and every committed "
+                "page is kept: rerun the same command to continue"
+            )
+        raise
+    return EXIT_OK  # not reached: run_listen returns only by raising
 
 
 # ---------------------------------------------------------------------------------------------

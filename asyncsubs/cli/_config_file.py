@@ -21,6 +21,7 @@ from ..errors import ConfigError
 __all__ = [
     "RESOURCES",
     "ConfigFileError",
+    "LISTEN_INCREMENTAL",
     "Incremental",
     "StoreConfig",
     "load_config",
@@ -44,6 +45,7 @@ _STORE_KEYS: Final = frozenset(
         "version",
         "allow_insecure",
         "incremental",
+        "webhook_secret_env",
     }
 )
 _DEFAULT_KEYS: Final = _STORE_KEYS - {"base_url", "token_env"}
@@ -68,6 +70,11 @@ class Incremental:
     field: str
 
 
+#: The filter ``sync --listen`` reconciles with where a resource configures none: the fake
+#: server's name (the interface does not name one; configure ``incremental.<resource>``).
+LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
+
+
 @attrs.frozen
 class StoreConfig:
     """Everything needed to sync one store."""
@@ -84,6 +91,9 @@ class StoreConfig:
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     incremental: Mapping[str, Incremental] = attrs.Factory(dict)
+    #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
+    webhook_secret: str = attrs.field(default="", repr=False)
+    webhook_secret_env: str = ""
 
 
 def parse_rate(value: object) -> Rate:
@@ -192,12 +202,46 @@ def _incremental(value: object, where: str, problems: list[str]) -> dict[str, In
     return result
 
 
+def _webhook_secret(
+    values: Mapping[str, Any],
+    where: str,
+    env: Mapping[str, str],
+    problems: list[str],
+    *,
+    listen: bool,
+) -> tuple[str, str]:
+    """(secret, variable name). The variable is read only with ``--listen``: a plain sync of the
+    same config must not need a secret it never uses."""
+    name = values.get("webhook_secret_env")
+    if name is None:
+        if listen:
+            problems.append(
+                f"{where}: webhook_secret_env is required with --listen (the name of the "
+                "environment variable holding the store's webhook secret)"
+            )
+        return "", ""
+    if not isinstance(name, str) or not _ENV_RE.match(name):
+        problems.append(f"{where}: webhook_secret_env must name an environment variable")
+        return "", ""
+    if not listen:
+        return "", name
+    if name not in env:
+        problems.append(f"{where}: environment variable {name} (its webhook secret) is not set")
+        return "", name
+    if not env[name]:
+        problems.append(f"{where}: environment variable {name} (its webhook secret) is empty")
+        return "", name
+    return env[name], name
+
+
 def _store(
     store_id: str,
     table: Mapping[str, Any],
     defaults: Mapping[str, Any],
     env: Mapping[str, str],
     problems: list[str],
+    *,
+    listen: bool = False,
 ) -> StoreConfig | None:
     where = f"store {store_id!r}"
     before = len(problems)
@@ -259,6 +303,12 @@ def _store(
         problems.append(f"{where}: timeout must be a positive number of seconds")
         timeout = 30.0
     incremental = _incremental(values.get("incremental", {}), where, problems)
+    webhook_secret, webhook_secret_env = _webhook_secret(
+        values, where, env, problems, listen=listen
+    )
+    if listen:
+        # Reconciliation pulls are incremental: every resource needs a filter.
+        incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
 
     if len(problems) > before:
         return None
@@ -275,6 +325,8 @@ def _store(
         version=version,
         allow_insecure=allow_insecure,
         incremental=incremental,
+        webhook_secret=webhook_secret,
+        webhook_secret_env=webhook_secret_env,
     )
 
 
@@ -284,11 +336,13 @@ def load_config(
     *,
     resources: Iterable[str] | None = None,
     only_stores: Iterable[str] | None = None,
+    listen: bool = False,
 ) -> list[StoreConfig]:
     """Read and validate ``path``; raise ConfigFileError listing every problem.
 
     ``resources`` (from ``--resources``) replaces each store's list; ``only_stores`` (from
-    ``--store``) selects stores by id.
+    ``--store``) selects stores by id. ``listen`` (``--listen``): each store's webhook secret
+    must be set, and resources without ``incremental`` get ``LISTEN_INCREMENTAL``.
     """
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -332,7 +386,7 @@ def load_config(
         if not store_id.strip():
             problems.append(f"{path}: a store id must not be blank")
             continue
-        config = _store(store_id, table, defaults, env, problems)
+        config = _store(store_id, table, defaults, env, problems, listen=listen)
         if config is not None:
             if override is not None:
                 config = attrs.evolve(config, resources=override)

@@ -1,4 +1,5 @@
-"""Progress of a pull or sync: counters per (store, resource), and three ways to show them.
+"""Progress of a pull or sync: counters per (store, resource) and per webhook receiver, and
+three ways to show them.
 
 - ``rich``: a live table on stderr when it is a terminal (rich is imported only here, lazily);
 - ``plain``: a line per running (store, resource) every few seconds, plus a line at each start,
@@ -21,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 import attrs
 
 from .._limiter import PoolStats
+from .._webhooks_receiver import ReceiverStats
 
 if TYPE_CHECKING:
     from .._client import AdminClient
@@ -29,6 +31,7 @@ __all__ = [
     "Mode",
     "ResourceProgress",
     "Tracker",
+    "WebhookProgress",
     "choose_mode",
     "format_table",
     "show_progress",
@@ -60,6 +63,10 @@ class ResourceProgress:
     client: AdminClient | None = attrs.field(default=None, repr=False)
     #: The pool's counters when the client closed (a closed client has none to give).
     final_stats: PoolStats | None = None
+    #: The pool's counters when a repeated run started: a store's counters live as long as the
+    #: process, so later runs (``sync --listen``) count from here.
+    baseline: PoolStats | None = None
+    rebase: bool = False
 
     @property
     def key(self) -> str:
@@ -87,6 +94,19 @@ class ResourceProgress:
         """Requests, 429s and retries of the rate-limit pool this resource draws on."""
         if self.final_stats is not None:
             return self.final_stats
+        stats = self._pool_stats()
+        base = self.baseline
+        if base is None:
+            return stats
+        return attrs.evolve(
+            stats,
+            requests=stats.requests - base.requests,
+            rate_limited=stats.rate_limited - base.rate_limited,
+            retries=stats.retries - base.retries,
+            wait_seconds=stats.wait_seconds - base.wait_seconds,
+        )
+
+    def _pool_stats(self) -> PoolStats:
         pool = self.pool
         if self.client is None or pool is None:
             return PoolStats()
@@ -107,13 +127,82 @@ class ResourceProgress:
         return self.client.limits.rate_for(pool).per_second
 
 
+@attrs.define
+class WebhookProgress:
+    """Webhooks of one store (``sync --listen``): the receiver's counters plus what applying
+    the events did to the database."""
+
+    store: str
+    url: str = ""
+    #: Events written: upserts that replaced or added a row, and deletes.
+    applied: int = 0
+    deletes: int = 0
+    #: Upserts left out: the stored row was newer, or the id was deleted.
+    stale: int = 0
+    #: Events for resources this store does not sync.
+    ignored: int = 0
+    #: Reads the receiver's counters (a snapshot each call); None before it exists.
+    receiver_stats: Callable[[], ReceiverStats] | None = attrs.field(default=None, repr=False)
+
+    def stats(self) -> ReceiverStats:
+        return ReceiverStats() if self.receiver_stats is None else self.receiver_stats()
+
+
+@attrs.frozen
+class WebhookTotals:
+    accepted: int = 0
+    duplicates: int = 0
+    applied: int = 0
+    deletes: int = 0
+    stale: int = 0
+    ignored: int = 0
+    dead_letters: int = 0
+    #: Refused deliveries: bad signature, not an event, too large.
+    refused: int = 0
+
+    def line(self) -> str:
+        return (
+            f"webhooks: {self.accepted:,} accepted, {self.duplicates:,} duplicates, "
+            f"{self.applied:,} applied ({self.deletes:,} deletes), {self.stale:,} stale, "
+            f"{self.ignored:,} ignored, {self.dead_letters:,} dead letters, "
+            f"{self.refused:,} refused"
+        )
+
+
+def webhook_totals(hooks: Sequence[WebhookProgress]) -> WebhookTotals:
+    accepted = duplicates = dead = refused = 0
+    for hook in hooks:
+        stats = hook.stats()
+        accepted += stats.accepted
+        duplicates += stats.duplicates
+        dead += stats.dead_lettered
+        refused += stats.unauthorized + stats.bad_request + stats.too_large
+    return WebhookTotals(
+        accepted=accepted,
+        duplicates=duplicates,
+        applied=sum(h.applied for h in hooks),
+        deletes=sum(h.deletes for h in hooks),
+        stale=sum(h.stale for h in hooks),
+        ignored=sum(h.ignored for h in hooks),
+        dead_letters=dead,
+        refused=refused,
+    )
+
+
 class Tracker:
     """All (store, resource) counters of one command, plus start/finish events for the display."""
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], ResourceProgress] = {}
+        #: Per store, with ``sync --listen``.
+        self.webhooks: dict[str, WebhookProgress] = {}
+        #: Records pulled over every run of this process (rows restart at each run), and the
+        #: runs started (``sync --listen`` pulls again and again).
+        self.pulled = 0
+        self.runs = 0
         self.started = time.monotonic()
         self._listeners: list[Callable[[ResourceProgress, str], None]] = []
+        self._message_listeners: list[Callable[[str], None]] = []
 
     def add(self, store: str, resource: str) -> ResourceProgress:
         row = self.rows.get((store, resource))
@@ -121,8 +210,45 @@ class Tracker:
             row = self.rows[(store, resource)] = ResourceProgress(store, resource)
         return row
 
-    def listen(self, callback: Callable[[ResourceProgress, str], None]) -> None:
+    def listen(
+        self,
+        callback: Callable[[ResourceProgress, str], None],
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
         self._listeners.append(callback)
+        if on_message is not None:
+            self._message_listeners.append(on_message)
+
+    @property
+    def has_display(self) -> bool:
+        """Whether messages are shown (not with --quiet)."""
+        return bool(self._message_listeners)
+
+    def message(self, text: str) -> None:
+        """A line about the whole command (not one resource), shown like notes."""
+        for callback in self._message_listeners:
+            callback(text)
+
+    def webhook(self, store: str) -> WebhookProgress:
+        hook = self.webhooks.get(store)
+        if hook is None:
+            hook = self.webhooks[store] = WebhookProgress(store)
+        return hook
+
+    def webhook_totals(self) -> WebhookTotals:
+        return webhook_totals(list(self.webhooks.values()))
+
+    def reset(self, row: ResourceProgress) -> None:
+        """Back to waiting before another run of the same (store, resource)."""
+        row.state = "waiting"
+        row.records = row.pages = row.resumed_records = 0
+        row.resumed = False
+        row.started = row.finished = None
+        row.error = None
+        row.rows = None
+        row.client = None
+        row.final_stats = row.baseline = None
+        row.rebase = True
 
     def _emit(self, row: ResourceProgress, event: str) -> None:
         for callback in self._listeners:
@@ -137,6 +263,9 @@ class Tracker:
         resumed_records: int = 0,
     ) -> None:
         row.client = client
+        if row.rebase:
+            row.baseline = row._pool_stats()
+            row.rebase = False
         row.state = "running"
         row.started = time.monotonic()
         row.resumed = resumed
@@ -146,6 +275,7 @@ class Tracker:
     def page(self, row: ResourceProgress, records: int) -> None:
         row.pages += 1
         row.records += records
+        self.pulled += records
 
     def note(self, row: ResourceProgress, message: str) -> None:
         self._emit(row, message)
@@ -232,6 +362,7 @@ class _PlainDisplay:
         self.tracker = tracker
         self.stream = stream
         self.interval = interval
+        self._last_webhooks: WebhookTotals | None = None
 
     def write(self, text: str) -> None:
         elapsed = time.monotonic() - self.tracker.started
@@ -254,11 +385,20 @@ class _PlainDisplay:
         else:
             self.write(f"{row.key}: {event}")
 
+    def on_message(self, text: str) -> None:
+        self.write(text)
+
     def tick(self) -> None:
         now = time.monotonic()
         for row in self.tracker.rows.values():
             if row.state == "running":
                 self.write(_progress_line(row, now))
+        if self.tracker.webhooks:
+            totals = self.tracker.webhook_totals()
+            # Only when something changed: an idle listener should not fill the log.
+            if totals != self._last_webhooks:
+                self._last_webhooks = totals
+                self.write(totals.line())
 
     async def run(self) -> None:
         while True:
@@ -333,7 +473,7 @@ class _RichDisplay:
 
         now = time.monotonic()
         rows = sorted(self.tracker.rows.values(), key=lambda r: _ORDER.get(r.state, 9))
-        room = max(self.console.height - 3, 3)
+        room = max(self.console.height - (4 if self.tracker.webhooks else 3), 3)
         hidden = rows[room:]
         rows = rows[:room]
         lines = format_table(_LIVE_HEADERS, [_live_row(r, now) for r in rows]).split("\n")
@@ -345,6 +485,8 @@ class _RichDisplay:
         summary = f"{total:,} records"
         if hidden:
             summary += f"; {len(hidden)} more rows not shown"
+        if self.tracker.webhooks:
+            text.append(self.tracker.webhook_totals().line() + "\n")
         text.append(summary, style="dim")
         return text
 
@@ -352,6 +494,9 @@ class _RichDisplay:
         # Only notes are printed; starts and finishes show in the next periodic refresh.
         if event not in ("start", "done", "failed"):
             self.live.console.print(f"{row.key}: {event}", highlight=False)
+
+    def on_message(self, text: str) -> None:
+        self.live.console.print(text, highlight=False)
 
     def refresh(self) -> None:
         self.live.update(self._render(), refresh=True)
@@ -381,7 +526,7 @@ async def show_progress(
         display.live.start()
     else:
         display = _PlainDisplay(tracker, out, interval)
-    tracker.listen(display.on_event)
+    tracker.listen(display.on_event, display.on_message)
     task = asyncio.create_task(display.run())
     try:
         yield

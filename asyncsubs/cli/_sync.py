@@ -2,7 +2,11 @@
 
 Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key
 ``(store, id)``, the record's JSON as received in ``raw`` plus typed columns for the common
-fields; and ``asyncsubs_sync_state``, one row per ``(store, resource)``.
+fields; ``asyncsubs_sync_state``, one row per ``(store, resource)``; and ``asyncsubs_deleted``,
+the ids deleted by webhooks (``sync --listen``).
+
+Pulls and webhooks write the same rows, in any order: a write replaces a row only when its
+``updated_at`` is not older than the stored one, and never brings back a deleted id.
 
 Resume: each page's records and the cursor after it are committed in one transaction, so the
 database always holds a prefix of the run plus the cursor that continues it. A process killed
@@ -34,14 +38,23 @@ from ..errors import AsyncSubsError, BadRequestError, ProtocolError
 from ._config_file import RESOURCES, Incremental, StoreConfig
 from ._progress import ResourceProgress, Tracker
 
-__all__ = ["STATE_TABLE", "DatabaseError", "ResourceState", "SyncDB", "run_sync"]
+__all__ = [
+    "DELETED_TABLE",
+    "STATE_TABLE",
+    "DatabaseError",
+    "ResourceState",
+    "SyncDB",
+    "run_sync",
+    "sync_pass",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("asyncsubs.cli")
 
 STATE_TABLE: Final = "asyncsubs_sync_state"
+DELETED_TABLE: Final = "asyncsubs_deleted"
 DEFAULT_MAX_STORES: Final = 32
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 # Typed columns and the record fields they come from (camelCase as the service sends them;
 # snake_case accepted too). Values are stored as sent; ids as TEXT so joins are type-stable.
@@ -91,18 +104,40 @@ _STATE_SQL: Final = f"""
     )"""
 
 
+# Ids are never reused, so a deleted id stays deleted: without this, a pull page read just
+# before a delete and committed just after its webhook would bring the record back.
+_DELETED_SQL: Final = f"""
+    CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
+        store TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        id TEXT NOT NULL,
+        deleted_at TEXT NOT NULL,
+        PRIMARY KEY (store, resource, id)
+    )"""
+
+
 def _upsert_sql(resource: str) -> str:
+    # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
+    # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare as
+    # instants when SQLite can parse them (``Z`` and offsets mix), as text otherwise. Equal
+    # stamps replace: the next (inclusive) incremental pull settles same-second changes.
     return f"""
         INSERT INTO {resource}
             (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+        SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {DELETED_TABLE}
+            WHERE store = ?1 AND resource = '{resource}' AND id = ?2)
         ON CONFLICT (store, id) DO UPDATE SET
             status = excluded.status,
             customer_id = excluded.customer_id,
             created_at = excluded.created_at,
             updated_at = excluded.updated_at,
             raw = excluded.raw,
-            synced_at = excluded.synced_at"""
+            synced_at = excluded.synced_at
+        WHERE {resource}.updated_at IS NULL OR excluded.updated_at IS NULL
+            OR coalesce(julianday(excluded.updated_at) >= julianday({resource}.updated_at),
+                        excluded.updated_at >= {resource}.updated_at)"""
 
 
 def _now() -> str:
@@ -135,6 +170,17 @@ def _newer(a: Any, b: Any) -> Any:
     if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)):
         return max(a, b)
     return b
+
+
+def _row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
+    """The upsert's parameters for one record (which has an ``id``)."""
+    return (
+        store,
+        _text(record["id"]),
+        *(_field(record, names) for _, names in _COLUMNS),
+        orjson.dumps(record).decode(),
+        now,
+    )
 
 
 def _dump(value: Any) -> str | None:
@@ -213,6 +259,7 @@ class SyncDB:
             for resource in RESOURCES:
                 conn.execute(_table_sql(resource))
             conn.execute(_STATE_SQL)
+            conn.execute(_DELETED_SQL)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -266,15 +313,7 @@ class SyncDB:
                 )
             if w.incremental_field is not None:
                 page_max = _newer(page_max, record.get(w.incremental_field))
-            rows.append(
-                (
-                    w.store,
-                    _text(record["id"]),
-                    *(_field(record, names) for _, names in _COLUMNS),
-                    orjson.dumps(record).decode(),
-                    now,
-                )
-            )
+            rows.append(_row(w.store, record, now))
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -317,6 +356,36 @@ class SyncDB:
                     now,
                     int(w.new_run),
                 ),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        """Write one record (a webhook's) with the same rule as pulls; False when the stored
+        row is newer or the id was deleted."""
+        return await self._run(self._upsert_record, store, resource, record)
+
+    def _upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        # One statement: its own transaction in autocommit mode.
+        cursor = self.conn.execute(_upsert_sql(resource), _row(store, record, _now()))
+        return cursor.rowcount > 0
+
+    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
+        """Delete one record and remember its id, so no later write brings it back."""
+        await self._run(self._delete_record, store, resource, _text(record_id))
+
+    def _delete_record(self, store: str, resource: str, record_id: str) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(f"DELETE FROM {resource} WHERE store = ? AND id = ?", (store, record_id))
+            conn.execute(
+                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (store, resource, record_id, _now()),
             )
             conn.execute("COMMIT")
         except BaseException:
@@ -463,6 +532,20 @@ async def run_sync(
             tracker.add(config.store, resource)
     db = SyncDB(db_path)
     await db.open()
+    try:
+        await sync_pass(configs, db, tracker, max_stores=max_stores)
+    finally:
+        await db.close()
+
+
+async def sync_pass(
+    configs: Sequence[StoreConfig],
+    db: SyncDB,
+    tracker: Tracker,
+    *,
+    max_stores: int = DEFAULT_MAX_STORES,
+) -> None:
+    """One run of every configured (store, resource) into the open ``db``; as ``run_sync``."""
     # Each store holds a few connections; unbounded, hundreds of stores would exhaust file
     # descriptors. Waiting stores show as "waiting".
     slots = asyncio.Semaphore(max_stores)
@@ -480,7 +563,6 @@ async def run_sync(
         raise _first(group_exc) from None
     finally:
         tracker.interrupt_running()
-        await db.close()
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

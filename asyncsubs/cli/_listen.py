@@ -1,0 +1,267 @@
+"""``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
+
+One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
+its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker). Events are written
+on the SyncDB's one writer thread, the same as pulls, so the two never interleave inside a
+transaction; the upsert's newer-or-equal rule and the deleted-ids table make their order
+irrelevant.
+
+Webhooks can be lost, so after the initial sync every ``reconcile_every`` seconds an incremental
+pull of every (store, resource) fetches what changed since before the previous pull began, and
+so whatever the webhooks missed. It cannot see deletes: a delete whose webhook was lost leaves
+its row in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+from urllib.parse import quote
+
+import orjson
+from aiohttp import web
+
+from .._webhooks_config import WebhookConfig
+from .._webhooks_dead import SQLiteDeadLetters
+from .._webhooks_events import WebhookEvent
+from .._webhooks_receiver import Handler, ReceiverStats, WebhookReceiver
+from ..errors import ConfigError
+from ._config_file import StoreConfig
+from ._progress import Tracker
+from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass
+
+__all__ = [
+    "DEFAULT_RECONCILE_EVERY",
+    "ListenSync",
+    "WebhookApplyError",
+    "parse_listen",
+    "run_listen",
+]
+
+DEFAULT_RECONCILE_EVERY: Final = 300.0
+WEBHOOK_ROUTE: Final = "/webhooks/{store}"
+
+
+class WebhookApplyError(Exception):
+    """Applying an event failed; the message names the store, because the dead-letter table is
+    shared by all stores and a dead letter's body carries only the sender's claim of one."""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: any free port) -> (host, port)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"--listen takes HOST:PORT (e.g. 0.0.0.0:8080), got {text!r}")
+    return host, int(port_text)
+
+
+def _stats_of(receiver: WebhookReceiver) -> Callable[[], ReceiverStats]:
+    return lambda: receiver.stats
+
+
+def _not_found(store: str) -> web.Response:
+    body = orjson.dumps({"status": "unknown store", "store": store})
+    return web.Response(status=404, body=body, content_type="application/json")
+
+
+class ListenSync:
+    """The sync database, one webhook receiver per store and the pulls that reconcile them.
+
+    ::
+
+        async with ListenSync(configs, db_path, tracker) as engine:
+            urls = await engine.listen("0.0.0.0", 8080)   # store -> its webhook URL
+            await engine.pull()                           # the initial sync
+            ...
+            await engine.pull()                           # a reconciliation pull
+
+    ``close()`` (on leaving the block) stops listening, lets the receivers finish what they
+    accepted (or dead-letter it), then closes the database.
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[StoreConfig],
+        db_path: Path,
+        tracker: Tracker,
+        *,
+        max_stores: int = DEFAULT_MAX_STORES,
+    ) -> None:
+        self.configs = list(configs)
+        self.db_path = db_path
+        self.tracker = tracker
+        self.max_stores = max_stores
+        self.db = SyncDB(db_path)
+        # Its own connection: a dead letter must not join (or wait for) a sync transaction.
+        # One table for all stores; the error column names the store (WebhookApplyError).
+        self.dead_letters = SQLiteDeadLetters(db_path)
+        self.receivers: dict[str, WebhookReceiver] = {}
+        #: Store -> the URL its webhooks are served at, once listening.
+        self.urls: dict[str, str] = {}
+        #: Pulls of every store done so far (the initial sync is the first).
+        self.passes = 0
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> ListenSync:
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # the database's worker thread, if it was started
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        for config in self.configs:
+            for resource in config.resources:
+                self.tracker.add(config.store, resource)
+        await self.db.open()
+        for config in self.configs:
+            receiver = WebhookReceiver(
+                WebhookConfig(config.webhook_secret),
+                self._handler(config),
+                dead_letters=self.dead_letters,
+            )
+            self.receivers[config.store] = receiver
+            self.tracker.webhook(config.store).receiver_stats = _stats_of(receiver)
+
+    def _handler(self, config: StoreConfig) -> Handler:
+        store = config.store
+        resources = frozenset(config.resources)
+        hook = self.tracker.webhook(store)
+        db = self.db
+
+        async def apply(event: WebhookEvent) -> None:
+            # The store is the one whose URL (and secret) the delivery came through; the body's
+            # "store" is the sender's naming and is not trusted.
+            if event.resource not in resources:
+                hook.ignored += 1  # also keeps unknown resources out of the SQL
+                return
+            try:
+                if event.is_delete:
+                    if event.record_id is None:
+                        raise ValueError("a delete event without the record's id")
+                    await db.delete_record(store, event.resource, event.record_id)
+                    hook.deletes += 1
+                    hook.applied += 1
+                elif event.record is None or event.record.get("id") is None:
+                    raise ValueError("an event without a record with an id")
+                elif await db.upsert_record(store, event.resource, event.record):
+                    hook.applied += 1
+                else:
+                    hook.stale += 1
+            except Exception as exc:
+                # Raising has the receiver retry, then dead-letter the event.
+                raise WebhookApplyError(f"store {store}: {describe_error(exc)}") from exc
+
+        return apply
+
+    async def listen(self, host: str, port: int) -> dict[str, str]:
+        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``; returns the
+        URLs. A port that cannot be bound is a ConfigError."""
+        app = web.Application()
+        app.router.add_post(WEBHOOK_ROUTE, self._dispatch)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
+            ) from None
+        self._runner = runner
+        for receiver in self.receivers.values():
+            await receiver.start()
+        bound_port = runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host
+        for store in self.receivers:
+            url = f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
+            self.urls[store] = self.tracker.webhook(store).url = url
+        return dict(self.urls)
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        store = request.match_info["store"]
+        receiver = self.receivers.get(store)
+        if receiver is None:
+            return _not_found(store)
+        return await receiver.handle(request)
+
+    async def pull(self) -> None:
+        """One pull of every configured (store, resource): the initial sync the first time
+        (resuming an interrupted one), incremental afterwards. Failures of a store are
+        recorded in the tracker; a DatabaseError is raised."""
+        if self.passes:
+            for row in self.tracker.rows.values():
+                self.tracker.reset(row)
+        self.passes += 1
+        self.tracker.runs += 1
+        await sync_pass(self.configs, self.db, self.tracker, max_stores=self.max_stores)
+
+    async def join(self) -> None:
+        """Wait until every webhook accepted so far is applied or dead-lettered."""
+        await asyncio.gather(*(r.join() for r in self.receivers.values()))
+
+    async def close(self) -> None:
+        runner, self._runner = self._runner, None
+        try:
+            if runner is not None:
+                # Answers the deliveries in progress, then refuses connections.
+                await runner.cleanup()
+        finally:
+            try:
+                # Each finishes its queue into the still-open database, or dead-letters it.
+                await asyncio.gather(*(r.close() for r in self.receivers.values()))
+            finally:
+                try:
+                    await self.dead_letters.close()
+                finally:
+                    await self.db.close()
+
+
+async def run_listen(
+    configs: Sequence[StoreConfig],
+    db_path: Path,
+    tracker: Tracker,
+    *,
+    host: str,
+    port: int,
+    reconcile_every: float = DEFAULT_RECONCILE_EVERY,
+    max_stores: int = DEFAULT_MAX_STORES,
+) -> None:
+    """Listen for webhooks, run the initial sync, then reconcile every ``reconcile_every``
+    seconds, until cancelled (Ctrl-C, SIGTERM); cleanup commits what was done."""
+    loop = asyncio.get_running_loop()
+    async with ListenSync(configs, db_path, tracker, max_stores=max_stores) as engine:
+        # Listening before the initial sync: changes made while it runs arrive as webhooks
+        # rather than being refused (the upsert rule keeps its older pages from winning).
+        urls = await engine.listen(host, port)
+        for store, url in urls.items():
+            tracker.message(f"webhooks of store {store}: POST {url}")
+        while True:
+            started = loop.time()
+            before = tracker.pulled
+            await engine.pull()
+            what = "initial sync" if engine.passes == 1 else f"reconciliation {engine.passes - 1}"
+            failed = len(tracker.failed)
+            # Measured from the start of the pull: reconciliations keep their pace however long
+            # one takes (one longer than the interval is followed at once by the next).
+            delay = max(0.0, started + reconcile_every - loop.time())
+            tracker.message(
+                f"{what} done: {tracker.pulled - before:,} records pulled"
+                + (f", {failed} failed (retried next time)" if failed else "")
+                + f"; next reconciliation in {delay:.0f}s"
+            )
+            await asyncio.sleep(delay)

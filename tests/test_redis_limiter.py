@@ -1,0 +1,514 @@
+"""asyncsubs.redis against a real redis-server (started by the fixtures in redis_fixtures.py).
+
+Real time is kept short: big intervals are checked through the delays Redis hands out (nothing
+sleeps them), and what must really run (processes, pauses, expiry) uses fractions of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+from redis_fixtures import (  # noqa: F401 - the fixtures register by their name=
+    RedisServer,
+    free_port,
+    own_redis_server_fixture,
+    redis_cluster_fixture,
+    redis_cluster_node_fixture,
+    redis_server_fixture,
+)
+
+from asyncsubs import AdminClient, Limits, Rate, RetryPolicy
+from asyncsubs._limiter import PacingBackend
+from asyncsubs._retry import set_waiting
+from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
+from asyncsubs.redis import RedisLimiter, RedisPacing
+from asyncsubs.testing import FakeAdminServer, ServerRateLimits
+
+# Start the cluster node with the first test, so its start-up delay overlaps the others.
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("redis_cluster_node")]
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Slack for a Redis round trip and scheduling between two reads of the clock.
+SLACK = 0.05
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own: tests share the session's redis-server."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeAdminServer]:
+    """Store "acme" only, unlimited unless a test sets limits (overrides conftest's)."""
+    async with FakeAdminServer(stores=["acme"], rate_limits=None, records=50) as fake:
+        yield fake
+
+
+@pytest.fixture
+def real_pauses() -> Iterator[None]:
+    """429 pauses take their time again (conftest turns them off for functional tests)."""
+    previous = set_waiting(True)
+    yield
+    set_waiting(previous)
+
+
+def dead_url(password: str = "") -> str:
+    auth = f":{password}@" if password else ""
+    return f"redis://{auth}127.0.0.1:{free_port()}/0"
+
+
+def make_client(server: FakeAdminServer, limiter: RedisLimiter, **kwargs: object) -> AdminClient:
+    return AdminClient(
+        token=server.store("acme").token,
+        base_url=server.base_url,
+        store="acme",
+        limiter=limiter,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def record_ids(server: FakeAdminServer, count: int) -> list[int]:
+    return [r["id"] for r in server.records("acme", "customers")[:count]]
+
+
+# --------------------------------------------------------------------------------------------
+# The backend: GCRA in one script, keys, pauses, expiry
+
+
+async def test_reserve_paces_by_gcra_per_store_and_pool(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    pacing: PacingBackend = RedisPacing(redis_server.url, prefix=prefix)
+    assert isinstance(pacing, RedisPacing)
+    try:
+        # No initial burst: one slot now, then one every interval; nothing sleeps here.
+        delays = [await pacing.reserve("acme", "global", 10.0) for _ in range(4)]
+        assert delays[0] == 0.0
+        for k in (1, 2, 3):
+            assert 10.0 * k - SLACK < delays[k] <= 10.0 * k
+        # Other pools and other stores have budgets of their own.
+        assert await pacing.reserve("acme", "orders", 10.0) == 0.0
+        assert await pacing.reserve("globex", "global", 10.0) == 0.0
+    finally:
+        await pacing.aclose()
+
+
+async def test_one_acquire_is_one_evalsha(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        await pacing.reserve("acme", "global", 0.001)  # connects and loads the script if needed
+        await redis.config_resetstat()
+        for _ in range(20):
+            await pacing.reserve("acme", "global", 0.001)
+        stats = await redis.info("commandstats")
+    finally:
+        await pacing.aclose()
+    # Commands the script runs count too: TIME, two GETs and a SET inside each EVALSHA.
+    calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
+    calls.pop("config|resetstat", None)
+    assert calls == {"evalsha": 20, "time": 20, "get": 40, "set": 20}
+
+
+async def test_very_high_rates_claim_one_slot_per_request(
+    redis_server: RedisServer, redis: aioredis.Redis, server: FakeAdminServer, prefix: str
+) -> None:
+    """A slot whose interval is shorter than a Redis round trip is still used, not re-claimed
+    forever (regression: Rate(10**6) never got through a shared backend)."""
+    limiter = RedisLimiter(redis_server.url, prefix=prefix)
+    limits = Limits(global_rate=Rate(10**6), heavy={"customers": Rate(10**6)})
+    try:
+        async with make_client(server, limiter, limits=limits) as client:
+            first, *rest = record_ids(server, 21)
+            await client.request("GET", f"customers/{first}")  # connects, loads the script
+            await redis.config_resetstat()
+            for record_id in rest:
+                await asyncio.wait_for(client.request("GET", f"customers/{record_id}"), 5)
+        stats = await redis.info("commandstats")
+    finally:
+        await limiter.aclose()
+    assert stats["cmdstat_evalsha"]["calls"] == 20
+
+
+async def test_script_is_reloaded_after_a_flush(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        assert await pacing.reserve("acme", "global", 5.0) == 0.0
+        await redis.script_flush()  # as after a Redis restart or failover
+        assert 5.0 - SLACK < await pacing.reserve("acme", "global", 5.0) <= 5.0
+    finally:
+        await pacing.aclose()
+
+
+async def test_keys_of_a_store_share_one_cluster_slot(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        for store in ("acme", "we{ird}:store%"):
+            for pool in ("global", "orders"):
+                await pacing.reserve(store, pool, 1.0)
+                await pacing.pause(store, pool, 5.0)
+    finally:
+        await pacing.aclose()
+    keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
+    assert keys == sorted(
+        f"{prefix}:{{{tag}}}:{kind}:{pool}"
+        for tag in ("acme", "we%7Bird%7D:store%25")
+        for kind in ("tat", "pause")
+        for pool in ("global", "orders")
+    )
+    for tag in ("acme", "we%7Bird%7D:store%25"):
+        slots = {key_slot(k.encode()) for k in keys if f"{{{tag}}}" in k}
+        assert slots == {key_slot(tag.encode())}
+
+
+async def test_idle_keys_expire(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix, idle_ttl=0.2)
+    tat_key, pause_key = pacing.keys("acme", "global")
+    try:
+        await pacing.reserve("acme", "global", 0.1)
+        await pacing.pause("acme", "global", 0.25)
+    finally:
+        await pacing.aclose()
+    # A TAT key lives until its slot has passed plus idle_ttl; a pause key until the pause ends.
+    assert 0 < await redis.pttl(tat_key) <= 300
+    assert 0 < await redis.pttl(pause_key) <= 250
+    await asyncio.sleep(0.35)
+    assert await redis.exists(tat_key, pause_key) == 0
+
+
+async def test_a_pause_is_shared_and_never_shortened(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    # Two backends with connections of their own: two processes, as far as Redis can tell.
+    a = RedisPacing(redis_server.url, prefix=prefix)
+    b = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        await a.pause("acme", "global", 5.0)
+        await b.pause("acme", "global", 1.0)  # shorter: no effect
+        assert 4000 < await redis.pttl(a.keys("acme", "global")[1]) <= 5000
+        delay = await b.reserve("acme", "global", 0.5)
+        assert 5.0 - SLACK < delay <= 5.0
+        # Pacing resumes one interval at a time after the pause, not in a burst.
+        assert 5.5 - SLACK < await a.reserve("acme", "global", 0.5) <= 5.5
+        # Other pools are not paused.
+        assert await b.reserve("acme", "orders", 0.5) == 0.0
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# Through AdminClient
+
+
+@pytest.mark.usefixtures("real_pauses")
+async def test_a_429_pauses_the_pool_for_other_clients(
+    redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    # Separate RedisLimiters: separate queues and connections, only Redis in common.
+    limits = Limits(global_rate=Rate(50, per=1.0))
+    ids = record_ids(server, 2)
+    async with (
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_a,
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_b,
+        make_client(server, limiter_a, limits=limits, retry=RetryPolicy(max_attempts=1)) as a,
+        make_client(server, limiter_b, limits=limits) as b,
+    ):
+        server.enqueue(429, {"success": False}, {"Retry-After": "0.6"}, path=f"customers/{ids[0]}")
+        with pytest.raises(RateLimitError):
+            await a.request("GET", f"customers/{ids[0]}")
+        # The pause goes to Redis in the background; wait for that task (test-only peek).
+        await asyncio.gather(*a._bound_limiter()._background)
+        await b.request("GET", f"customers/{ids[1]}")
+    first, second = server.requests
+    assert (first.status, second.status) == (429, 200)
+    assert second.time - first.time >= 0.6 - SLACK
+
+
+async def test_processes_share_the_rate(
+    redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    """Two worker processes, 15 requests each, 20/s together, measured by the server."""
+    rate, each = Rate(20, per=1.0), 15
+    server.set_rate_limits(ServerRateLimits(global_rate=rate))
+    # A wider margin than the default, for the scheduling jitter of three processes on a
+    # loaded test machine; the server's sliding window is the judge.
+    margin = 0.1
+    ids = record_ids(server, 2 * each)
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WORKER,
+            json.dumps(
+                {
+                    "redis": redis_server.url,
+                    "prefix": prefix,
+                    "base_url": server.base_url,
+                    "token": server.store("acme").token,
+                    "name": f"worker-{w}",
+                    "rate": [rate.n, rate.per],
+                    "margin": margin,
+                    "ids": ids[w::2],
+                }
+            ),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for w in range(2)
+    ]
+    try:
+        # Start both at once, so that their requests overlap.
+        for worker in workers:
+            assert worker.stdout is not None
+            assert (await asyncio.wait_for(worker.stdout.readline(), 30)).strip() == b"ready"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(b"go\n")
+            await worker.stdin.drain()
+        outputs = [await asyncio.wait_for(w.communicate(), 30) for w in workers]
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert [json.loads(out) for out, _ in outputs] == [{"ok": each}, {"ok": each}]
+
+    stats = server.stats("acme").pool("global")
+    assert (stats.accepted, stats.rejected) == (2 * each, 0)
+    assert stats.max_in_window(rate.per) <= rate.n
+    # Shared, not each at the full rate: the 30 starts span about 29 intervals.
+    interval = rate.interval / (1 - margin)
+    starts = sorted(stats.starts)
+    assert starts[-1] - starts[0] >= (2 * each - 1) * interval - 0.1
+    # And the two processes really ran side by side.
+    by_worker = [
+        r.headers["user-agent"].split()[0] for r in sorted(server.requests, key=lambda r: r.time)
+    ]
+    assert set(by_worker[:each]) == {"worker-0", "worker-1"}
+
+
+WORKER = """
+import asyncio, json, sys
+from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs.redis import RedisLimiter
+
+async def main(cfg):
+    limits = Limits(global_rate=Rate(*cfg["rate"]), safety_margin=cfg["margin"])
+    async with RedisLimiter(cfg["redis"], prefix=cfg["prefix"]) as limiter, AdminClient(
+        token=cfg["token"], base_url=cfg["base_url"], store="acme", limits=limits,
+        limiter=limiter, user_agent=cfg["name"],
+    ) as client:
+        await limiter.pacing.client().ping()
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        done = await asyncio.gather(
+            *(client.request("GET", f"customers/{i}") for i in cfg["ids"])
+        )
+    print(json.dumps({"ok": sum(r.status == 200 for r in done)}))
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Redis down
+
+
+async def test_redis_down_fails_fast_with_limiter_unavailable(server: FakeAdminServer) -> None:
+    limiter = RedisLimiter(dead_url(password="hunter2"), timeout=0.5)
+    async with limiter, make_client(server, limiter) as client:
+        for _ in range(2):  # every request, not just the first: never silently unlimited
+            started = time.monotonic()
+            with pytest.raises(LimiterUnavailableError) as info:
+                await client.request("GET", "customers/1")
+            assert time.monotonic() - started < 1.0
+            assert "hunter2" not in str(info.value)
+            assert "fallback_fraction" in str(info.value)  # says what else one can do
+    assert server.requests == []
+
+
+async def test_a_hung_redis_fails_within_the_timeout() -> None:
+    # Accepts connections (the kernel does) and never answers: a stuck or overloaded Redis.
+    with socket.create_server(("127.0.0.1", 0)) as hung:
+        url = f"redis://127.0.0.1:{hung.getsockname()[1]}/0"
+        strict = RedisPacing(url, timeout=0.3)
+        lenient = RedisPacing(url, timeout=0.3, fallback_fraction=0.5, recheck_after=0.05)
+        try:
+            started = time.monotonic()
+            with pytest.raises(LimiterUnavailableError):
+                await strict.reserve("acme", "global", 1.0)
+            assert time.monotonic() - started < 0.55  # a timeout is not retried
+            started = time.monotonic()
+            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            assert time.monotonic() - started < 0.55
+            # Known down: later acquires do not wait for Redis at all (the PING runs aside).
+            started = time.monotonic()
+            assert 2.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 2.0
+            assert time.monotonic() - started < SLACK
+        finally:
+            await strict.aclose()
+            await lenient.aclose()
+
+
+async def test_fallback_paces_in_process_at_the_fraction_with_a_warning(
+    server: FakeAdminServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits = Limits(global_rate=Rate(20, per=1.0), safety_margin=0.0)
+    limiter = RedisLimiter(dead_url(), fallback_fraction=0.5, timeout=0.5, recheck_after=60)
+    ids = record_ids(server, 6)
+    with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+        async with limiter, make_client(server, limiter, limits=limits) as client:
+            done = await asyncio.gather(*(client.request("GET", f"customers/{i}") for i in ids))
+            assert limiter.pacing.fallback_active
+    assert [r.status for r in done] == [200] * 6
+    # Half of 20/s: one start every 0.1 s (0.05 s would be the full rate). Arrival times at
+    # the server carry some jitter, hence the slack.
+    times = [r.time for r in server.requests]
+    assert times[-1] - times[0] >= 5 * 0.1 - 0.03
+    assert all(b - a >= 0.075 for a, b in itertools.pairwise(times))
+    warnings = [r for r in caplog.records if r.name == "asyncsubs.redis"]
+    assert len(warnings) == 1  # once per outage, not per request
+    assert "50%" in warnings[0].getMessage()
+
+
+async def test_redis_failing_midway_and_coming_back(
+    own_redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    strict = RedisPacing(own_redis_server.url, prefix=prefix, timeout=0.5)
+    lenient = RedisPacing(
+        own_redis_server.url, prefix=prefix, timeout=0.5, fallback_fraction=0.25, recheck_after=0.05
+    )
+    try:
+        assert await strict.reserve("acme", "global", 1.0) == 0.0
+        assert 1.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 1.0
+        own_redis_server.stop()
+
+        with pytest.raises(LimiterUnavailableError):
+            await strict.reserve("acme", "global", 1.0)
+        with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+            # In-process at a quarter of the rate: one slot every 4 s, from now.
+            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            assert lenient.fallback_active
+            assert 4.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 4.0
+            await lenient.pause("acme", "global", 10.0)  # kept in memory, Redis not tried
+            assert 10.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 10.0
+
+            own_redis_server.start()  # empty: as after a restart without persistence
+            assert lenient._probe is not None
+            await asyncio.wait_for(lenient._probe, 5)  # the background PING finds it again
+            assert not lenient.fallback_active
+        messages = [r.getMessage() for r in caplog.records if r.name == "asyncsubs.redis"]
+        assert len(messages) == 2
+        assert "25%" in messages[0]
+        assert "answers again" in messages[1]
+
+        # Shared again, through the restarted server; the strict backend's pooled connection
+        # was broken by the restart and is replaced without an error.
+        assert await lenient.reserve("acme", "global", 1.0) == 0.0
+        assert 1.0 - SLACK < await strict.reserve("acme", "global", 1.0) <= 1.0
+    finally:
+        await strict.aclose()
+        await lenient.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# Construction
+
+
+async def test_a_given_client_is_used_and_left_open(
+    redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    redis = aioredis.Redis.from_url(redis_server.url)
+    try:
+        async with (
+            RedisLimiter(redis, prefix=prefix) as limiter,
+            make_client(server, limiter) as client,
+        ):
+            assert limiter.pacing.client() is redis
+            await client.request("GET", f"customers/{record_ids(server, 1)[0]}")
+        assert await redis.exists(*limiter.pacing.keys("acme", "global")) == 1
+        assert await redis.ping()
+    finally:
+        await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (("redis://localhost",), {"prefix": "a{b}"}),
+        (("redis://localhost",), {"prefix": ""}),
+        (("redis://localhost",), {"fallback_fraction": 0}),
+        (("redis://localhost",), {"fallback_fraction": 1.5}),
+        (("redis://localhost",), {"fallback_fraction": True}),
+        (("redis://localhost",), {"timeout": 0}),
+        (("redis://localhost",), {"idle_ttl": -1}),
+        (("redis://localhost",), {"recheck_after": float("inf")}),
+        (("http://localhost",), {}),
+        ((42,), {}),
+    ],
+)
+def test_bad_configuration_is_a_config_error(
+    args: tuple[object], kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(ConfigError):
+        RedisLimiter(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_url_password_never_shows() -> None:
+    limiter = RedisLimiter("redis://user:hunter2@cache.internal:6380/2")
+    assert "hunter2" not in repr(limiter) + repr(limiter.pacing)
+    assert limiter.pacing.where == "redis://cache.internal:6380/2"
+
+
+# --------------------------------------------------------------------------------------------
+# Redis Cluster (last: its node has needed ~2 s since the session started before it takes writes)
+
+
+async def test_works_on_redis_cluster(redis_cluster: RedisServer, prefix: str) -> None:
+    # Each script touches two keys; Redis Cluster refuses that unless they share a slot.
+    cluster = aioredis.RedisCluster.from_url(redis_cluster.url)
+    try:
+        async with RedisLimiter(cluster, prefix=prefix) as limiter:
+            pacing = limiter.pacing
+            for store in ("acme", "we{ird}"):
+                assert await pacing.reserve(store, "global", 2.0) == 0.0
+                await pacing.pause(store, "global", 5.0)
+                assert 5.0 - SLACK < await pacing.reserve(store, "global", 2.0) <= 5.0
+        slot = await cluster.cluster_keyslot("{acme}")
+        assert key_slot(pacing.keys("acme", "orders")[0].encode()) == slot
+    finally:
+        await cluster.aclose()
