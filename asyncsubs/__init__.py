@@ -6,7 +6,7 @@ retries, typed errors. See README.md.
 
 from ._client import AdminClient
 from ._config import Limits, Rate, RetryPolicy
-from ._limiter import LimiterStats, PoolStats
+from ._limiter import Limiter, LimiterStats, LocalLimiter, PacingBackend, PoolStats
 from ._models import Customer, Order, Page, Subscription
 from ._pagination import ListCall, ListEndpoint
 from ._protocol import Response
@@ -34,13 +34,16 @@ __all__ = [
     "BadRequestError",
     "ConfigError",
     "Customer",
+    "Limiter",
     "LimiterStats",
     "LimiterUnavailableError",
     "Limits",
     "ListCall",
     "ListEndpoint",
+    "LocalLimiter",
     "NotFoundError",
     "Order",
+    "PacingBackend",
     "Page",
     "PermissionDeniedError",
     "PoolStats",
