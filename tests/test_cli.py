@@ -297,3 +297,12 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
             proc.stdout.close()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncsubs.cli._app import event_loop_factory
+
+    uvloop = pytest.importorskip("uvloop")
+    assert event_loop_factory() is uvloop.new_event_loop
+    monkeypatch.setenv("ASYNCSUBS_LOOP", "asyncio")
+    assert event_loop_factory() is None

@@ -281,13 +281,27 @@ def run_async(
                 loop.remove_signal_handler(signal.SIGTERM)
 
     try:
-        asyncio.run(body())
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(body())
     except KeyboardInterrupt:
         tracker.interrupt_running()
         raise CommandFailed([], EXIT_INTERRUPTED) from None
     except asyncio.CancelledError:
         tracker.interrupt_running()
         raise CommandFailed([], EXIT_TERMINATED) from None
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (the `uvloop` extra), else asyncio's.
+
+    ``ASYNCSUBS_LOOP=asyncio`` forces the standard loop (e.g. to compare, or to debug)."""
+    if os.environ.get("ASYNCSUBS_LOOP", "auto") == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
