@@ -134,6 +134,15 @@ class Limits:
         """Seconds between starts in ``pool``, with the safety margin applied."""
         return self.rate_for(pool).interval / (1.0 - self.safety_margin)
 
+    def lateness_credit_for(self, pool: str) -> float:
+        """Seconds a start may run late and still be paced from its scheduled moment.
+
+        A quarter of what the safety margin adds to one window (5 ms at 50/s): enough for timer
+        lateness (~1 ms) not to add up to a slower rate, while three quarters of the margin stay
+        for network jitter; never enough to let n + 1 starts into a window."""
+        rate = self.rate_for(pool)
+        return self.interval_for(pool) * rate.n * self.safety_margin / 4
+
     @property
     def pools(self) -> tuple[str, ...]:
         return ("global", *self.heavy)

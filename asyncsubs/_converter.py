@@ -30,15 +30,28 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def _own_model_hook(cls: type[Any]) -> Callable[[Any, type[Any]], Any]:
-    # A fixed tuple of (attribute, wire name) and one dict lookup each: the hot path of a pull.
-    fields = tuple((a.name, camel(a.name)) for a in attrs.fields(cls) if a.name != RAW)
+def _own_model_hook(cls: type[Any]) -> Callable[..., Any]:
+    """The structuring function of one of our models: the hot path of a pull.
 
-    def structure(record: Any, _: type[Any]) -> Any:
-        if not isinstance(record, dict):
-            raise TypeError(f"expected a JSON object, got {type(record).__name__}")
-        return cls(raw=record, **{attr: record.get(wire) for attr, wire in fields})
-
+    Generated once per class, like attrs' own ``__init__``: one ``record.get`` per known field
+    and a plain call of the class with those values (positional where attrs allows), rather than
+    building a keyword dict per record; about twice as fast. Callable as a cattrs hook
+    ``(record, type)`` and as ``(record)``.
+    """
+    args = []
+    for a in attrs.fields(cls):
+        value = "record" if a.name == RAW else f"get({camel(a.name)!r})"
+        args.append(f"{a.name}={value}" if a.kw_only else value)
+    source = (
+        "def structure(record, _=None):\n"
+        "    if not isinstance(record, dict):\n"
+        "        raise TypeError(f'expected a JSON object, got {type(record).__name__}')\n"
+        "    get = record.get\n"
+        f"    return cls({', '.join(args)})\n"
+    )
+    namespace: dict[str, Any] = {"cls": cls}
+    exec(compile(source, f"<asyncsubs structure {cls.__qualname__}>", "exec"), namespace)
+    structure: Callable[..., Any] = namespace["structure"]
     return structure
 
 
@@ -57,10 +70,17 @@ def _user_class_hook(conv: cattrs.Converter, cls: type[Any]) -> Callable[[Any, t
     return structure
 
 
+#: Our own models' structuring functions, also used directly (no cattrs dispatch) by
+#: ``structurer_for``.
+_OWN_STRUCTURERS: Final[dict[type[Any], Callable[..., Any]]] = {
+    model: _own_model_hook(model) for model in (Subscription, Customer, Order)
+}
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=False)
-    for model in (Subscription, Customer, Order):
-        conv.register_structure_hook(model, _own_model_hook(model))
+    for model, hook in _OWN_STRUCTURERS.items():
+        conv.register_structure_hook(model, hook)
     conv.register_structure_hook_factory(attrs.has, functools.partial(_user_class_hook, conv))
     return conv
 
@@ -74,6 +94,9 @@ def structurer_for(model: Any) -> Callable[[Any], Any] | None:
         return None
     if not (isinstance(model, type) and attrs.has(model)):
         raise ConfigError(f"model must be dict or an attrs class, got {model!r}")
+    own = _OWN_STRUCTURERS.get(model)
+    if own is not None:
+        return own
     hook = _converter.get_structure_hook(model)
     return lambda record: hook(record, model)
 

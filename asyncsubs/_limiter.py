@@ -15,7 +15,9 @@ Guarantees
 - Starts in one (store, pool) are at least ``limits.interval_for(pool)`` seconds apart, measured
   with ``loop.time()`` at the moment each request is let through, from a cold start on (no
   initial burst). As that interval is ``per / n`` widened by the safety margin, no window of
-  ``per`` seconds ever holds more than ``n`` starts.
+  ``per`` seconds ever holds more than ``n`` starts. (On a loop whose clock counts milliseconds,
+  like uvloop's, a start may be let through up to 1 ms before its moment by that clock; the next
+  start is still paced from the moment itself, so this never adds up.)
 - ``max_in_flight`` caps the requests of a store that are in flight at once, across its pools.
 - ``pause(pool, seconds)`` holds every task of that pool until the pause has passed; pacing then
   resumes one interval at a time. A pause never shortens an existing one.
@@ -272,6 +274,7 @@ class _Pool:
     __slots__ = (
         "interval",
         "last_start",
+        "lateness_credit",
         "name",
         "pause_until",
         "rate_limited",
@@ -284,9 +287,12 @@ class _Pool:
         "waiting",
     )
 
-    def __init__(self, name: str, interval: float) -> None:
+    def __init__(self, name: str, interval: float, lateness_credit: float = 0.0) -> None:
         self.name = name
         self.interval = interval
+        # How late a start may be and still be paced from its scheduled moment (see
+        # _wait_for_start); see Limits.lateness_credit_for.
+        self.lateness_credit = lateness_credit
         self.turn = _FifoGate(1)
         self.last_start = _NEVER
         self.pause_until = _NEVER
@@ -354,7 +360,10 @@ class StoreLimiter:
         self._loop_ref = weakref.ref(loop)
         self._slack = _clock_slack(loop)
         self._in_flight = _FifoGate(limits.max_in_flight)
-        self._pools = {name: _Pool(name, limits.interval_for(name)) for name in limits.pools}
+        self._pools = {
+            name: _Pool(name, limits.interval_for(name), limits.lateness_credit_for(name))
+            for name in limits.pools
+        }
         # Strong references to backend pause calls in progress (the loop keeps only weak ones).
         self._background: set[asyncio.Task[None]] = set()
 
@@ -504,9 +513,13 @@ class StoreLimiter:
                 # Paused while queued at the gate: give the place back, wait out the pause.
                 self._in_flight.release()
                 continue
-            # A start within the slack before its moment is paced as if it were on time, so
-            # the next start is never earlier for it: early starts cannot add up in a window.
-            p.last_start = max(now, ready_at)
+            # A start a little late for its moment (timer and loop lateness, ~1 ms each on
+            # asyncio) is paced from that moment, or the lateness would add up to a rate a few %
+            # low; one held up for long (idle pool, full in-flight gate) is paced from its
+            # actual start, so no catch-up burst follows. Any n+1 starts thus span at least
+            # n*interval - credit > per: the credit is a quarter of what the safety margin
+            # adds to a window. A start within the slack before its moment counts as on time too.
+            p.last_start = ready_at if now - ready_at <= p.lateness_credit else now
             p.reserved_at = None
             return now
 

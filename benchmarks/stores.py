@@ -1,0 +1,201 @@
+"""G. Many stores: 1, 10, 50, 100 stores at 50 req/s each from one client process.
+
+The FakeAdminServer runs in its own process (default asyncio loop, exact clock; 50 req/s per
+store, sliding window, 10-30 ms latency, no request log). For each event loop of the client
+(asyncio, uvloop) and each store count, fresh stores (touched once beforehand, see
+``_common.warm_up``) are hammered with light requests (5 tasks per store, one AdminClient per
+store, one shared aiohttp session) for the phase's duration. Rates and 429s are the server's
+counts; CPU is ``time.process_time`` here and /proc for the server.
+
+Baseline in the same run: raw aiohttp sending the same light requests (no limiter, 20 at a
+time) to the same server, for CPU per request and for the server's capacity. The target
+(every store >= 95% of its rate, no 429) applies until a core saturates: a row where the
+client or the server used >= 90% of a core is reported as saturated, naming the side, and is
+not judged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+
+from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
+
+from ._common import (
+    CpuMeter,
+    Report,
+    Tally,
+    achieved_rate,
+    all_stats,
+    hammer,
+    loops,
+    pct,
+    raw_light_baseline,
+    remote_server,
+    run,
+    run_tasks_for,
+    subscription_ids,
+    warm_up,
+)
+
+NAME = "stores"
+TITLE = "G. Many stores: 1/10/50/100 stores x 50 req/s from one client process"
+RATE = Rate(50, per=1.0)
+LATENCY = (0.010, 0.030)
+COUNTS = (1, 10, 50, 100)
+TASKS_PER_STORE = 5
+RECORDS = 500
+MIN_RATIO = 0.95
+SATURATED = 0.90
+BASELINE_STORE = "g-baseline"
+
+
+def store_names(loop: str, count: int) -> list[str]:
+    return [f"g-{loop}-{count}-{i:03d}" for i in range(count)]
+
+
+async def phase(remote: RemoteFakeServer, stores: list[str], seconds: float) -> dict[str, Any]:
+    limits = Limits(global_rate=RATE)
+    tallies = {s: Tally() for s in stores}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        clients = [
+            AdminClient(
+                token=remote.tokens[s],
+                base_url=remote.base_url,
+                store=s,
+                limits=limits,
+                session=session,
+            )
+            for s in stores
+        ]
+        await warm_up(remote, stores, session)
+        coroutines = []
+        for client, store in zip(clients, stores, strict=True):
+            ids = subscription_ids(store, RECORDS)
+            coroutines += [
+                hammer(client, ids, tallies[store], k, TASKS_PER_STORE)
+                for k in range(TASKS_PER_STORE)
+            ]
+        with CpuMeter(remote.process.pid) as meter:
+            t0 = time.monotonic()  # system-wide: the server's loop clock
+            await run_tasks_for(seconds + 0.5, coroutines)
+        for client in clients:
+            await client.aclose()
+    return {"t0": t0, "meter": meter, "tallies": tallies}
+
+
+def bench(report: Report) -> None:
+    seconds = 2.0 if report.quick else 8.0
+    baseline_requests = 1000 if report.quick else 3000
+    configs = [FakeStoreConfig(BASELINE_STORE, rate_limits=ServerRateLimits.disabled())]
+    for loop in loops():
+        for count in COUNTS:
+            configs += [FakeStoreConfig(n) for n in store_names(loop, count)]
+    with remote_server(
+        stores=configs,
+        records={"subscriptions": RECORDS, "customers": 0, "orders": 0},
+        latency=LATENCY,
+        rate_limits=ServerRateLimits(global_rate=RATE, window="sliding"),
+        request_log_size=1,
+    ) as remote:
+        report.say(
+            f"  server: {RATE} per store, sliding window, latency {LATENCY[0] * 1e3:g}-"
+            f"{LATENCY[1] * 1e3:g} ms, default asyncio loop; {TASKS_PER_STORE} tasks per store;"
+            f" {seconds:g} s per row"
+        )
+        for loop in loops():
+            base = run(lambda: raw_light_baseline(remote, BASELINE_STORE, baseline_requests), loop)
+            base_cpu = base.cpu / baseline_requests * 1000
+            base_server_cpu = base.other_cpu / baseline_requests * 1000
+            report.say(
+                f"  [{loop}] baseline, raw aiohttp: {baseline_requests / base.wall:,.0f} req/s"
+                f" (client CPU {pct(base.utilisation)}, server CPU"
+                f" {pct(base.other_utilisation)}); CPU s per 1,000 requests: client"
+                f" {base_cpu:.3f}, server {base_server_cpu:.3f}"
+            )
+            rows = []
+            verdicts = []
+            # (requests, client CPU s per 1,000, server CPU s per 1,000) of the busiest row
+            busiest: tuple[float, float, float] = (0.0, float("nan"), float("nan"))
+            for count in COUNTS:
+                stores = store_names(loop, count)
+                result = run(lambda s=stores: phase(remote, s, seconds), loop)  # type: ignore[misc]
+                stats = all_stats(remote)
+                meter: CpuMeter = result["meter"]
+                ratios, rejected = [], 0
+                for store in stores:
+                    pool = stats[store].pool("global")
+                    _, rate = achieved_rate(pool.starts, result["t0"], seconds)
+                    ratios.append(rate / RATE.per_second)
+                    rejected += pool.rejected
+                ok = sum(t.ok for t in result["tallies"].values())
+                failed = sum(t.failed for t in result["tallies"].values())
+                ratios.sort()
+                cpu_per_k = meter.cpu / ok * 1000 if ok else float("nan")
+                if ok > busiest[0]:
+                    busiest = (ok, cpu_per_k, meter.other_cpu / ok * 1000)
+                saturated = [
+                    side
+                    for side, used in (
+                        ("client", meter.utilisation),
+                        ("server", meter.other_utilisation),
+                    )
+                    if used >= SATURATED
+                ]
+                state = "saturated: " + " + ".join(saturated) if saturated else "-"
+                rows.append(
+                    [
+                        count,
+                        count * RATE.per_second,
+                        ok / meter.wall,
+                        f"{pct(ratios[0])} / {pct(ratios[len(ratios) // 2])}",
+                        rejected,
+                        failed,
+                        cpu_per_k,
+                        cpu_per_k / base_cpu,
+                        pct(meter.utilisation),
+                        pct(meter.other_utilisation),
+                        state,
+                    ]
+                )
+                verdicts.append((count, ratios[0], rejected, saturated))
+            report.table(
+                [
+                    "stores",
+                    "allowed req/s",
+                    "achieved req/s",
+                    "min / median per store",
+                    "429s",
+                    "errors",
+                    "client CPU s / 1k req",
+                    "x raw aiohttp",
+                    "client CPU",
+                    "server CPU",
+                    "saturation",
+                ],
+                rows,
+            )
+            capacity = 1000 / busiest[1]
+            report.say(
+                f"  [{loop}] busiest row: the client spent {busiest[1]:.3f} CPU s per 1,000"
+                f" requests (one core: ~{capacity:,.0f} req/s, ~{capacity / RATE.per_second:.0f}"
+                f" stores), the server {busiest[2]:.3f}; raw aiohttp alone"
+                f" {base_cpu:.3f} (at its own, lower load)"
+            )
+            for count, slowest, rejected, saturated in verdicts:
+                if saturated:
+                    report.say(
+                        f"  n/a   {loop}, {count} stores: {' + '.join(saturated)} saturated;"
+                        f" slowest store {pct(slowest)}, {rejected} 429s (not judged)"
+                    )
+                    continue
+                report.check(
+                    f"{loop}, {count} stores: slowest store achieved / allowed",
+                    slowest,
+                    ">=",
+                    MIN_RATIO,
+                )
+                report.check(f"{loop}, {count} stores: 429 responses", rejected, "==", 0, "{:.0f}")
