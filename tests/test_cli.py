@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import queue
 import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,43 +23,16 @@ import pytest
 
 from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV = "ASYNCSUBS_BASE_URL"
 
 
-@contextlib.contextmanager
-def server_in_thread(**kwargs: Any) -> Iterator[FakeAdminServer]:
-    """A started FakeAdminServer on its own loop and thread; stopped on exit."""
-    ready: queue.Queue[Any] = queue.Queue()
-    control: dict[str, Any] = {}
-
-    async def run() -> None:
-        control["loop"] = asyncio.get_running_loop()
-        control["stop"] = stop = asyncio.Event()
-        try:
-            await serve(ready=ready.put, stop=stop, **kwargs)
-        except BaseException as exc:
-            ready.put(exc)
-            raise
-
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    server = ready.get(timeout=30)
-    if isinstance(server, BaseException):
-        raise server
-    try:
-        yield server
-    finally:
-        control["loop"].call_soon_threadsafe(control["stop"].set)
-        thread.join(30)
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeAdminServer]:
     stores = [FakeStoreConfig("acme", records=137), FakeStoreConfig("globex", records=20)]
-    with server_in_thread(stores=stores, rate_limits=None) as srv:
+    with serve_in_thread(stores=stores, rate_limits=None) as srv:
         yield srv
 
 

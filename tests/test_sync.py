@@ -7,16 +7,13 @@ come straight from the server.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import queue
 import re
 import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +26,7 @@ from asyncsubs.__main__ import main
 from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
 from asyncsubs.cli._progress import Tracker, _PlainDisplay
 from asyncsubs.errors import ConfigError
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 RESOURCES = ("subscriptions", "customers", "orders")
 SYNC_COMMAND = (sys.executable, "-m", "asyncsubs", "sync")
@@ -42,33 +39,6 @@ heavy = { subscriptions = "1000/s", customers = "1000/s", orders = "1000/s" }
 """
 
 
-@contextlib.contextmanager
-def server_in_thread(**kwargs: Any) -> Iterator[FakeAdminServer]:
-    """A started FakeAdminServer on its own loop and thread; stopped on exit."""
-    ready: queue.Queue[Any] = queue.Queue()
-    control: dict[str, Any] = {}
-
-    async def run() -> None:
-        control["loop"] = asyncio.get_running_loop()
-        control["stop"] = stop = asyncio.Event()
-        try:
-            await serve(ready=ready.put, stop=stop, **kwargs)
-        except BaseException as exc:
-            ready.put(exc)
-            raise
-
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    server = ready.get(timeout=30)
-    if isinstance(server, BaseException):
-        raise server
-    try:
-        yield server
-    finally:
-        control["loop"].call_soon_threadsafe(control["stop"].set)
-        thread.join(30)
-
-
 @pytest.fixture
 def server() -> Iterator[FakeAdminServer]:
     stores = [
@@ -76,7 +46,7 @@ def server() -> Iterator[FakeAdminServer]:
         FakeStoreConfig("store-2", records={"subscriptions": 45, "customers": 0, "orders": 88}),
         FakeStoreConfig("store-3", records={"subscriptions": 60, "customers": 59, "orders": 61}),
     ]
-    with server_in_thread(stores=stores, rate_limits=None) as srv:
+    with serve_in_thread(stores=stores, rate_limits=None) as srv:
         yield srv
 
 
@@ -259,7 +229,7 @@ def wait_for_progress(db: Path, proc: subprocess.Popen[bytes], records: int) -> 
 @pytest.fixture
 def slow_server() -> Iterator[FakeAdminServer]:
     counts = {"subscriptions": 300, "customers": 200, "orders": 400}
-    with server_in_thread(stores=3, records=counts, latency=0.015, rate_limits=None) as srv:
+    with serve_in_thread(stores=3, records=counts, latency=0.015, rate_limits=None) as srv:
         yield srv
 
 

@@ -14,7 +14,7 @@ from ._data import RESOURCES, SUBSCRIPTION_STATUSES
 from ._faults import FAULT_KINDS, Faults, ScriptedResponse
 from ._limits import DEFAULT_SERVER_HEAVY, ServerPoolStats, ServerRateLimits, StoreStats
 from ._mutations import DEFAULT_MUTATION_WEIGHTS, MUTATION_KINDS, Mutation, Mutator
-from ._process import RemoteFakeServer, run_in_process, serve, serve_forever
+from ._process import RemoteFakeServer, run_in_process, serve, serve_forever, serve_in_thread
 from ._server import (
     DEFAULT_INCREMENTAL_PARAM,
     DEFAULT_VERSION,
@@ -58,5 +58,6 @@ __all__ = [
     "run_in_process",
     "serve",
     "serve_forever",
+    "serve_in_thread",
     "set_waiting",
 ]

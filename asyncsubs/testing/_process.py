@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import queue
 import signal
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -53,6 +54,38 @@ async def serve(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def serve_in_thread(**server_kwargs: Any) -> Iterator[FakeAdminServer]:
+    """A started ``FakeAdminServer(**server_kwargs)`` on its own loop in a daemon thread, for
+    tests of blocking code (a CLI run in a subprocess, a sync library); stopped on exit.
+
+    Read-only use of the server object from the calling thread (``base_url``, ``store()``,
+    ``records()``) is safe; mutate it only through its loop.
+    """
+    ready: queue.Queue[Any] = queue.Queue()
+    control: dict[str, Any] = {}
+
+    async def run() -> None:
+        control["loop"] = asyncio.get_running_loop()
+        control["stop"] = stop = asyncio.Event()
+        try:
+            await serve(ready=ready.put, stop=stop, **server_kwargs)
+        except BaseException as exc:
+            ready.put(exc)
+            raise
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    server = ready.get(timeout=30)
+    if isinstance(server, BaseException):
+        raise server
+    try:
+        yield server
+    finally:
+        control["loop"].call_soon_threadsafe(control["stop"].set)
+        thread.join(30)
 
 
 def serve_forever(
