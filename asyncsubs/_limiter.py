@@ -285,11 +285,18 @@ class _Pool:
         "turn",
         "wait_seconds",
         "waiting",
+        "warm_since",
+        "window",
     )
 
-    def __init__(self, name: str, interval: float, lateness_credit: float = 0.0) -> None:
+    def __init__(
+        self, name: str, interval: float, lateness_credit: float = 0.0, window: float = 0.0
+    ) -> None:
         self.name = name
         self.interval = interval
+        self.window = window  # the rate's ``per``
+        # When the current unbroken run of paced starts began (a cold start or a pause's end).
+        self.warm_since = _NEVER
         # How late a start may be and still be paced from its scheduled moment (see
         # _wait_for_start); see Limits.lateness_credit_for.
         self.lateness_credit = lateness_credit
@@ -361,7 +368,12 @@ class StoreLimiter:
         self._slack = _clock_slack(loop)
         self._in_flight = _FifoGate(limits.max_in_flight)
         self._pools = {
-            name: _Pool(name, limits.interval_for(name), limits.lateness_credit_for(name))
+            name: _Pool(
+                name,
+                limits.interval_for(name),
+                limits.lateness_credit_for(name),
+                limits.rate_for(name).per,
+            )
             for name in limits.pools
         }
         # Strong references to backend pause calls in progress (the loop keeps only weak ones).
@@ -518,8 +530,19 @@ class StoreLimiter:
             # low; one held up for long (idle pool, full in-flight gate) is paced from its
             # actual start, so no catch-up burst follows. Any n+1 starts thus span at least
             # n*interval - credit > per: the credit is a quarter of what the safety margin
-            # adds to a window. A start within the slack before its moment counts as on time too.
-            p.last_start = ready_at if now - ready_at <= p.lateness_credit else now
+            # adds to a window. A start within the slack before its moment counts as on time.
+            # No credit during the first window after a cold start or a pause: that is when
+            # connections are opened and the first requests reach the server late, and the
+            # lateness kept then is what absorbs it (issue: one 429 at cold start otherwise).
+            if now - ready_at > p.lateness_credit or (
+                ready_at == p.pause_until and p.pause_until > p.last_start + p.interval
+            ):
+                p.warm_since = now
+                p.last_start = now
+            elif now - p.warm_since >= p.window:
+                p.last_start = ready_at
+            else:
+                p.last_start = max(now, ready_at)
             p.reserved_at = None
             return now
 

@@ -1,4 +1,5 @@
-"""G. Many stores: 1, 10, 50, 100 stores at 50 req/s each from one client process.
+"""G. Many stores: 1, 10, 50, 75 and 100 stores at 50 req/s each from one client process (75: full
+runs only).
 
 The FakeAdminServer runs in its own process (default asyncio loop, exact clock; 50 req/s per
 store, sliding window, 10-30 ms latency, no request log). For each event loop of the client
@@ -42,10 +43,11 @@ from ._common import (
 )
 
 NAME = "stores"
-TITLE = "G. Many stores: 1/10/50/100 stores x 50 req/s from one client process"
+TITLE = "G. Many stores: 1/10/50/75/100 stores x 50 req/s from one client process"
 RATE = Rate(50, per=1.0)
 LATENCY = (0.010, 0.030)
-COUNTS = (1, 10, 50, 100)
+COUNTS = (1, 10, 50, 75, 100)
+QUICK_COUNTS = (1, 10, 50, 100)
 TASKS_PER_STORE = 5
 RECORDS = 500
 MIN_RATIO = 0.95
@@ -89,10 +91,11 @@ async def phase(remote: RemoteFakeServer, stores: list[str], seconds: float) -> 
 
 def bench(report: Report) -> None:
     seconds = 2.0 if report.quick else 8.0
+    counts = QUICK_COUNTS if report.quick else COUNTS
     baseline_requests = 1000 if report.quick else 3000
     configs = [FakeStoreConfig(BASELINE_STORE, rate_limits=ServerRateLimits.disabled())]
     for loop in loops():
-        for count in COUNTS:
+        for count in counts:
             configs += [FakeStoreConfig(n) for n in store_names(loop, count)]
     with remote_server(
         stores=configs,
@@ -120,7 +123,7 @@ def bench(report: Report) -> None:
             verdicts = []
             # (requests, client CPU s per 1,000, server CPU s per 1,000) of the busiest row
             busiest: tuple[float, float, float] = (0.0, float("nan"), float("nan"))
-            for count in COUNTS:
+            for count in counts:
                 stores = store_names(loop, count)
                 result = run(lambda s=stores: phase(remote, s, seconds), loop)  # type: ignore[misc]
                 stats = all_stats(remote)
