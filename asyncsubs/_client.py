@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import aiohttp
-import attrs
 
 from . import _retry
 from ._config import Limits, RetryPolicy
@@ -42,8 +40,6 @@ TOKEN_ENV: Final = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV: Final = "ASYNCSUBS_BASE_URL"
 DEFAULT_VERSION: Final = "2026-04"
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
-#: RetryPolicy.max_total must be positive: what is left of it once it has run out.
-_MIN_REMAINING: Final = 1e-9
 
 
 def store_fingerprint(base: str, token: str) -> str:
@@ -215,33 +211,7 @@ class AdminClient:
         def on_retry(exc: BaseException, number: int, delay: float) -> None:
             limiter.record_retry(pool)
 
-        # Fast path: the first attempt runs outside the retry machinery, which is only needed
-        # once it fails. tenacity builds a dozen objects per call that hold one another in
-        # reference cycles (~47 objects per request left to the cyclic GC): at thousands of
-        # requests per second that garbage, promoted while requests wait in the limiter,
-        # drove full collections of 100-400 ms that stalled the loop and the pacing.
-        started = time.monotonic()
-        try:
-            return await attempt()
-        except Exception as exc:  # anything else (cancellation) was never retried
-            first_failure: Exception | None = exc
-
-        # Hand the failure to the retry policy as its first attempt: it decides, numbers,
-        # waits, logs and sets .attempts exactly as if it had run that attempt itself. Its
-        # clock starts now, so max_total is shortened by the time the first attempt took.
-        async def replay_then_attempt() -> T:
-            nonlocal first_failure
-            if first_failure is not None:
-                failure, first_failure = first_failure, None
-                raise failure
-            return await attempt()
-
-        remaining = max(self.retry.max_total - (time.monotonic() - started), _MIN_REMAINING)
-        policy = attrs.evolve(self.retry, max_total=remaining)
-        call: Awaitable[T] = _retry.call_with_retries(
-            policy, request, replay_then_attempt, on_retry=on_retry
-        )
-        return await call
+        return await _retry.call_with_retries(self.retry, request, attempt, on_retry=on_retry)
 
     def _pause_after_429(
         self, limiter: StoreLimiter, pool: str, raw: RawResponse, attempt: int
