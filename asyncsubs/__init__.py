@@ -10,6 +10,7 @@ from ._limiter import Limiter, LimiterStats, LocalLimiter, PacingBackend, PoolSt
 from ._models import Customer, Order, Page, Subscription
 from ._pagination import ListCall, ListEndpoint
 from ._protocol import Response
+from ._transport import SendReportingConnector
 from ._version import __version__
 from .errors import (
     APIError,
@@ -52,6 +53,7 @@ __all__ = [
     "RateLimitError",
     "Response",
     "RetryPolicy",
+    "SendReportingConnector",
     "ServerError",
     "Subscription",
     "TransportError",

@@ -29,7 +29,7 @@ from ._protocol import (
     parse_retry_after,
     versioned_base,
 )
-from ._transport import AiohttpTransport, Transport
+from ._transport import AiohttpTransport, Transport, sent_hook
 from .errors import ConfigError
 
 __all__ = ["AdminClient"]
@@ -104,6 +104,8 @@ class AdminClient:
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport
+        # Whether the transport tells the limiter when requests are written (see _transport).
+        self._reports_sends = getattr(transport, "reports_sends", False) is True
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
@@ -197,13 +199,21 @@ class AdminClient:
         limiter = self._bound_limiter()
         # The store's first binding decides its pools, so ask the limiter, not self.limits.
         pool = limiter.pool_for(method, path)
+        reports_sends = self._reports_sends
         attempts = 0
 
         async def attempt() -> T:
             nonlocal attempts
             attempts += 1
-            async with limiter.slot(pool):
-                raw = await self._transport.send(request, timeout=self.timeout)
+            async with limiter.slot(pool, reports_sends=reports_sends) as start:
+                if reports_sends:
+                    hook = sent_hook.set(start.sent)
+                    try:
+                        raw = await self._transport.send(request, timeout=self.timeout)
+                    finally:
+                        sent_hook.reset(hook)
+                else:
+                    raw = await self._transport.send(request, timeout=self.timeout)
             if raw.status == 429:
                 self._pause_after_429(limiter, pool, raw, attempts)
             return parse(method, path, raw)

@@ -143,6 +143,16 @@ class Limits:
         rate = self.rate_for(pool)
         return self.interval_for(pool) * rate.n * self.safety_margin / 4
 
+    def send_span_for(self, pool: str) -> float:
+        """The shortest time in which ``n + 1`` requests of ``pool`` may be written.
+
+        ``per`` plus half of what the safety margin adds to a window (10 ms at 50/s), so that
+        jitter between the client's write and the server's arrival stamp does not let n + 1
+        requests into one of its windows. Pacing alone keeps n + 1 starts ``per / (1 - margin)``
+        apart; this bound only binds when some writes lagged their starts (a new connection,
+        a busy loop)."""
+        return self.rate_for(pool).per * (1.0 + self.safety_margin / 2)
+
     @property
     def pools(self) -> tuple[str, ...]:
         return ("global", *self.heavy)

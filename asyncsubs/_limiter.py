@@ -4,8 +4,10 @@ How the client uses it::
 
     limiter = default_limiter()                 # or LocalLimiter(), or a RedisLimiter
     store_limiter = limiter.bind(store, limits)   # inside the running loop
-    async with store_limiter.slot(store_limiter.pool_for(method, path)):
-        ...                                       # send the request, read the response
+    async with store_limiter.slot(pool, reports_sends=True) as start:
+        ...                                       # send the request; once it is written:
+        start.sent()
+        ...                                       # read the response
     store_limiter.pause(pool, retry_after)        # after a 429
     store_limiter.record_429(pool); store_limiter.record_retry(pool)
     store_limiter.stats()                         # -> LimiterStats
@@ -18,6 +20,14 @@ Guarantees
   ``per`` seconds ever holds more than ``n`` starts. (On a loop whose clock counts milliseconds,
   like uvloop's, a start may be let through up to 1 ms before its moment by that clock; the next
   start is still paced from the moment itself, so this never adds up.)
+- Any ``n + 1`` requests of a pool are *written* at least ``limits.send_span_for(pool)``
+  (``per`` plus half the margin's share) apart, as far as this process can see: a request
+  whose write lagged its start (a new connection, a busy loop) holds back the start ``n``
+  places after it, so its lateness never bunches it up with later requests in a server's
+  window. Callers that report writes (``reports_sends=True``, then ``start.sent()``) get
+  this for the actual write moments; for the others a request counts as written when it
+  starts, where pacing already guarantees it. A request started but not yet written counts
+  as written from now on; one that ends unwritten (it could not connect) does not count.
 - ``max_in_flight`` caps the requests of a store that are in flight at once, across its pools.
 - ``pause(pool, seconds)`` holds every task of that pool until the pause has passed; pacing then
   resumes one interval at a time. A pause never shortens an existing one.
@@ -30,7 +40,7 @@ A request goes through three stages, in this order:
 
 1. its pool's *turn*: a FIFO queue per (store, pool); only the head of the queue goes further;
 2. the pool's *paced start*: the head sleeps until ``last start + interval`` (and past any
-   pause), holding nothing but its pool's turn;
+   pause and the write-span bound above), holding nothing but its pool's turn;
 3. the store's *in-flight gate*: a FIFO of pool heads whose start time has come; the request
    starts the moment it gets a place, and that moment is what the next start is paced from.
 
@@ -76,7 +86,7 @@ import math
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Protocol
@@ -93,6 +103,7 @@ __all__ = [
     "MemoryPacing",
     "PacingBackend",
     "PoolStats",
+    "Slot",
     "StoreLimiter",
     "default_limiter",
 ]
@@ -259,6 +270,21 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+async def _sleep_until_unsent_changes(
+    loop: asyncio.AbstractEventLoop, p: _Pool, when: float
+) -> None:
+    """Sleep until ``when`` (may be inf) or until an unwritten request of ``p`` is written or
+    gives up, whichever comes first."""
+    fut = p.unsent_changed = loop.create_future()
+    handle = loop.call_at(when, _wake, fut) if when < math.inf else None
+    try:
+        await fut
+    finally:
+        p.unsent_changed = None
+        if handle is not None:
+            handle.cancel()
+
+
 async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
     fut: asyncio.Future[None] = loop.create_future()
     handle = loop.call_at(when, _wake, fut)
@@ -275,6 +301,7 @@ class _Pool:
         "interval",
         "last_start",
         "lateness_credit",
+        "n",
         "name",
         "pause_until",
         "rate_limited",
@@ -282,24 +309,37 @@ class _Pool:
         "reserved_at",
         "reserving",
         "retries",
+        "send_span",
+        "sends",
         "turn",
+        "unsent",
+        "unsent_changed",
         "wait_seconds",
         "waiting",
         "warm_since",
         "window",
     )
 
-    def __init__(
-        self, name: str, interval: float, lateness_credit: float = 0.0, window: float = 0.0
-    ) -> None:
+    def __init__(self, name: str, limits: Limits) -> None:
+        rate = limits.rate_for(name)
         self.name = name
-        self.interval = interval
-        self.window = window  # the rate's ``per``
+        self.interval = limits.interval_for(name)
+        self.window = rate.per
+        self.n = rate.n
+        # The write moments of the pool's last n written requests, oldest first (loop time;
+        # appended as they happen, so sorted), and how many started requests are not written
+        # yet; see _send_bound.
+        self.send_span = limits.send_span_for(name)
+        self.sends: deque[float] = deque(maxlen=rate.n)
+        self.unsent = 0
+        # Set by the head while unwritten requests hold it back; woken when one of them is
+        # written or gives up.
+        self.unsent_changed: asyncio.Future[None] | None = None
         # When the current unbroken run of paced starts began (a cold start or a pause's end).
         self.warm_since = _NEVER
         # How late a start may be and still be paced from its scheduled moment (see
         # _wait_for_start); see Limits.lateness_credit_for.
-        self.lateness_credit = lateness_credit
+        self.lateness_credit = limits.lateness_credit_for(name)
         self.turn = _FifoGate(1)
         self.last_start = _NEVER
         self.pause_until = _NEVER
@@ -328,17 +368,36 @@ class _Pool:
 # Per-store limiter
 
 
-class _Slot:
-    """``async with store_limiter.slot(pool)``: wait for a start, hold an in-flight place."""
+class Slot:
+    """``async with store_limiter.slot(pool) as start``: wait for a start, hold an in-flight
+    place; ``start.sent()`` reports the moment the request was written (see the guarantees)."""
 
-    __slots__ = ("_limiter", "_pool")
+    __slots__ = ("_limiter", "_pool", "_reports_sends", "_unsent")
 
-    def __init__(self, limiter: StoreLimiter, pool: _Pool) -> None:
+    def __init__(self, limiter: StoreLimiter, pool: _Pool, reports_sends: bool) -> None:
         self._limiter = limiter
         self._pool = pool
+        self._reports_sends = reports_sends
+        self._unsent = False
 
-    async def __aenter__(self) -> None:
-        await self._limiter._acquire(self._pool)
+    async def __aenter__(self) -> Slot:
+        started = await self._limiter._acquire(self._pool)
+        if self._reports_sends:
+            self._unsent = True
+            self._pool.unsent += 1
+        else:
+            self._pool.sends.append(started)
+        return self
+
+    def sent(self) -> None:
+        """The request has just been written: count it from now (once; later calls are no-ops)."""
+        if self._unsent:
+            p = self._pool
+            self._unsent = False
+            p.unsent -= 1
+            p.sends.append(asyncio.get_running_loop().time())
+            if p.unsent_changed is not None:
+                _wake(p.unsent_changed)
 
     async def __aexit__(
         self,
@@ -346,6 +405,12 @@ class _Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._unsent:  # never written (it could not connect): the server never saw it
+            p = self._pool
+            self._unsent = False
+            p.unsent -= 1
+            if p.unsent_changed is not None:
+                _wake(p.unsent_changed)
         self._limiter._in_flight.release()
 
 
@@ -367,15 +432,7 @@ class StoreLimiter:
         self._loop_ref = weakref.ref(loop)
         self._slack = _clock_slack(loop)
         self._in_flight = _FifoGate(limits.max_in_flight)
-        self._pools = {
-            name: _Pool(
-                name,
-                limits.interval_for(name),
-                limits.lateness_credit_for(name),
-                limits.rate_for(name).per,
-            )
-            for name in limits.pools
-        }
+        self._pools = {name: _Pool(name, limits) for name in limits.pools}
         # Strong references to backend pause calls in progress (the loop keeps only weak ones).
         self._background: set[asyncio.Task[None]] = set()
 
@@ -403,9 +460,12 @@ class StoreLimiter:
                 f" (pools: {', '.join(self._pools)})"
             ) from None
 
-    def slot(self, pool: str) -> _Slot:
-        """Wait (FIFO, pacing, pauses, in-flight cap) and hold an in-flight place meanwhile."""
-        return _Slot(self, self._pool(pool))
+    def slot(self, pool: str, *, reports_sends: bool = False) -> Slot:
+        """Wait (FIFO, pacing, pauses, in-flight cap) and hold an in-flight place meanwhile.
+
+        With ``reports_sends``, the caller calls ``sent()`` on the entered slot the moment the
+        request is written; otherwise the start counts as the write."""
+        return Slot(self, self._pool(pool), reports_sends)
 
     def pause(self, pool: str, seconds: float) -> None:
         """Hold every task of ``pool`` for ``seconds`` from now (after a 429).
@@ -460,7 +520,7 @@ class StoreLimiter:
 
     # -- acquiring ----------------------------------------------------------------------------
 
-    async def _acquire(self, p: _Pool) -> None:
+    async def _acquire(self, p: _Pool) -> float:
         loop = asyncio.get_running_loop()
         if loop is not self._loop_ref():
             raise RuntimeError(
@@ -490,12 +550,18 @@ class StoreLimiter:
                 waited,
                 p.waiting,
             )
+        return now
 
     async def _wait_for_start(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> float:
         """As the pool's head: sleep until the paced start, take an in-flight place, start."""
         while True:
             now = loop.time()
-            ready_at = max(p.last_start + p.interval, p.pause_until)
+            bound = _send_bound(p, now)
+            ready_at = max(p.last_start + p.interval, p.pause_until, bound)
+            if ready_at == bound and p.unsent and bound - now > self._slack:
+                # Held back by requests not written yet: their write or failure moves the bound.
+                await _sleep_until_unsent_changes(loop, p, bound)
+                continue
             if self._backend is not None:
                 at = p.reserved_at
                 # A slot from before a pause, or one left unused for a while (its claimer was
@@ -521,8 +587,9 @@ class StoreLimiter:
                 continue  # re-check: a pause may have come in meanwhile
             await self._in_flight.acquire()
             now = loop.time()
-            if p.pause_until - now > self._slack:
-                # Paused while queued at the gate: give the place back, wait out the pause.
+            if max(p.pause_until, _send_bound(p, now)) - now > self._slack:
+                # Paused (or every recent start still unwritten) while queued at the gate: give
+                # the place back and wait.
                 self._in_flight.release()
                 continue
             # A start a little late for its moment (timer and loop lateness, ~1 ms each on
@@ -574,6 +641,19 @@ class StoreLimiter:
                 f"rate limiter backend returned an invalid delay {delay!r} for store {self.store!r}"
             )
         p.reserved_at = loop.time() + delay
+
+
+def _send_bound(p: _Pool, now: float) -> float:
+    """The earliest moment the pool's next request may start so that no ``n + 1`` writes fall
+    within ``send_span``: ``send_span`` after the n-th most recent write, counting the requests
+    started and not yet written as written now or later (so their own lateness is covered)."""
+    written = p.n - p.unsent  # of the last n requests, how many are written
+    if written <= 0:
+        return math.inf  # all still unwritten: wait for one of them
+    sends = p.sends
+    if len(sends) < written:
+        return _NEVER
+    return sends[-written] + p.send_span
 
 
 def _consume_result(task: asyncio.Task[None]) -> None:

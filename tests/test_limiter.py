@@ -11,13 +11,17 @@ import asyncio
 import bisect
 import itertools
 import logging
+import math
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+import aiohttp
 import pytest
 
+from asyncsubs import AdminClient, SendReportingConnector
 from asyncsubs._config import Limits, Rate
 from asyncsubs._limiter import (
     Limiter,
@@ -28,7 +32,10 @@ from asyncsubs._limiter import (
     StoreLimiter,
     default_limiter,
 )
+from asyncsubs._protocol import RawResponse, Request, build_request
+from asyncsubs._transport import AiohttpTransport, report_sent, sent_hook
 from asyncsubs.errors import ConfigError, LimiterUnavailableError
+from asyncsubs.testing import FakeAdminServer
 
 EPS = 1e-9
 
@@ -316,6 +323,182 @@ async def test_heavy_waiters_do_not_delay_light_requests(clock: VirtualClock) ->
     # Every light request starts exactly on the global pace, as if no heavy request existed.
     assert light == pytest.approx([t0 + i * interval for i in range(40)])
     assert heavy == pytest.approx([t0 + i * lim.interval_for("subscriptions") for i in range(20)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes: requests that go out later than they started
+
+
+async def written_request(
+    sl: StoreLimiter,
+    pool: str,
+    starts: list[float],
+    sends: list[float],
+    write_after: float,
+    hold: float = 0.0,
+    *,
+    written: bool = True,
+) -> None:
+    """A request whose write lags its start by ``write_after`` (a new connection, a busy loop);
+    ``written=False``: it never goes out (it could not connect)."""
+    loop = asyncio.get_running_loop()
+    async with sl.slot(pool, reports_sends=True) as start:
+        starts.append(loop.time())
+        await asyncio.sleep(write_after)
+        if written:
+            start.sent()
+            sends.append(loop.time())
+        await asyncio.sleep(hold)
+
+
+def min_span_of(times: list[float], n: int) -> float:
+    """The shortest time in which any n + 1 of ``times`` fall."""
+    s = sorted(times)
+    return min((s[i + n] - s[i] for i in range(len(s) - n)), default=math.inf)
+
+
+async def test_a_late_write_holds_back_the_start_n_places_later(clock: VirtualClock) -> None:
+    lim = Limits(global_rate=Rate(5, per=1.0), heavy={}, safety_margin=0.0)
+    sl = LocalLimiter().bind("acme", lim)
+    t0 = clock.now
+    starts: list[float] = []
+    sends: list[float] = []
+    first = written_request(sl, "global", starts, sends, write_after=0.15, hold=0.1)
+    others = [written_request(sl, "global", starts, sends, 0.0, hold=0.1) for _ in range(5)]
+    await asyncio.gather(first, *others)
+    # The first went out 0.15 s late; five requests were written after it, so the sixth is
+    # held until a full span after that write, not one window after the first start.
+    assert starts[:5] == pytest.approx([t0 + i * 0.2 for i in range(5)])
+    assert starts[5] == pytest.approx(t0 + 0.15 + lim.send_span_for("global"))
+    assert min_span_of(sends, 5) >= lim.send_span_for("global") - EPS
+
+
+async def test_unreported_writes_count_from_the_start(clock: VirtualClock) -> None:
+    lim = Limits(global_rate=Rate(5, per=1.0), heavy={}, safety_margin=0.0)
+    sl = LocalLimiter().bind("acme", lim)
+    t0 = clock.now
+    starts: list[float] = []
+    # The slot cannot know the first went out late: pacing alone, a window after the first.
+    await asyncio.gather(*spawn(6, sl, "global", starts, hold=0.15))
+    assert starts == pytest.approx([t0 + i * 0.2 for i in range(6)])
+
+
+async def test_random_write_delays_never_put_n_plus_one_writes_in_a_span(
+    clock: VirtualClock,
+) -> None:
+    rng = random.Random(7)
+    lim = Limits(global_rate=Rate(5, per=1.0), heavy={})
+    sl = LocalLimiter().bind("acme", lim)
+    starts: list[float] = []
+    sends: list[float] = []
+    tasks = [
+        written_request(sl, "global", starts, sends, rng.choice([0.0, 0.0, rng.uniform(0, 0.6)]))
+        for _ in range(60)
+    ]
+    await asyncio.gather(*tasks)
+    assert len(sends) == 60
+    assert min_span_of(sends, 5) >= lim.send_span_for("global") - EPS
+    assert max_starts_in_window(starts, 1.0 - EPS) <= 5
+    # Held back only where a write lagged: well above 80% of the paced rate.
+    assert (len(starts) - 1) / (max(starts) - min(starts)) >= 0.8 * 5
+
+
+async def test_requests_that_are_never_written_hold_the_pool_only_while_unwritten(
+    clock: VirtualClock,
+) -> None:
+    lim = Limits(global_rate=Rate(2, per=1.0), heavy={}, safety_margin=0.0)
+    sl = LocalLimiter().bind("acme", lim)
+    t0 = clock.now
+    starts: list[float] = []
+    sends: list[float] = []
+    # Two requests stuck connecting: nobody knows when they will reach the server, so the next
+    # may not start yet; once they give up unwritten, they never count.
+    stuck = [written_request(sl, "global", starts, sends, 4.2, written=False) for _ in range(2)]
+    nxt = written_request(sl, "global", starts, sends, 0.0)
+    after = written_request(sl, "global", starts, sends, 0.0)
+    await asyncio.gather(*stuck, nxt, after)
+    assert starts[:2] == pytest.approx([t0, t0 + 0.5])
+    # Due at 1.0 by pacing, it waits while both are unwritten and starts when one gives up.
+    assert starts[2] == pytest.approx(t0 + 4.2)
+    # The next: its write plus the one still stuck would make three within a span, until that
+    # one gives up too (0.5 s later, also the paced moment).
+    assert starts[3] == pytest.approx(t0 + 4.7)
+    # Woken by those changes, not by looking again: two sleeps of the stuck, one bound.
+    assert clock.timers <= 4
+    assert sl.stats().pools["global"].requests == 4
+
+
+async def test_the_client_reports_writes_from_its_transport(clock: VirtualClock) -> None:
+    """Through the transport seam: a transport that reports each write makes the client pace
+    writes; one that does not is paced by starts only."""
+
+    class SlowFirstWrite:
+        reports_sends = True
+
+        def __init__(self) -> None:
+            self.sends: list[float] = []
+
+        async def send(self, request: Request, *, timeout: float) -> RawResponse:
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(0.15 if not self.sends else 0.0)
+            report_sent()
+            self.sends.append(loop.time())
+            await asyncio.sleep(0.05)
+            return RawResponse(200, {}, b'{"success": true, "code": "SUCCESS", "data": {}}')
+
+        async def aclose(self) -> None:
+            pass
+
+    transport = SlowFirstWrite()
+    lim = Limits(global_rate=Rate(5, per=1.0), heavy={}, safety_margin=0.0)
+    client = AdminClient(
+        token="t",
+        base_url="https://subs.example",
+        transport=transport,
+        limits=lim,
+        limiter=LocalLimiter(),
+    )
+    t0 = clock.now
+    await asyncio.gather(*(client.request("GET", "subscriptions/1") for _ in range(6)))
+    assert transport.sends[0] == pytest.approx(t0 + 0.15)
+    assert transport.sends[5] == pytest.approx(t0 + 0.15 + lim.send_span_for("global"))
+    report_sent()  # outside a request: nothing to report to, no error
+
+
+async def test_aiohttp_transport_reports_writes_through_its_connector(
+    server: FakeAdminServer,
+) -> None:
+    request = build_request(
+        server.base_url + "/admin/2021-01/", server.tokens["acme"], "GET", "subscriptions/1"
+    )
+    reported: list[int] = []
+    own = AiohttpTransport(max_response_bytes=1 << 20)
+    assert own.reports_sends is True
+    hook = sent_hook.set(lambda: reported.append(1))
+    try:
+        raw = await own.send(request, timeout=5.0)
+        assert raw.status in (200, 404)
+        assert reported == [1]
+        async with aiohttp.ClientSession() as session:
+            shared = AiohttpTransport(session, max_response_bytes=1 << 20)
+            assert shared.reports_sends is False  # the caller's connector: it cannot tell
+            await shared.send(request, timeout=5.0)
+        assert reported == [1]
+        connector = SendReportingConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            shared = AiohttpTransport(session, max_response_bytes=1 << 20)
+            assert shared.reports_sends is True
+            await shared.send(request, timeout=5.0)
+            assert reported == [1, 1]
+            # Other code's requests through the session run without a hook: nothing reported.
+            sent_hook.reset(hook)
+            hook = sent_hook.set(None)
+            async with session.get(server.base_url + "/admin/2021-01/subscriptions/1") as resp:
+                await resp.read()
+        assert reported == [1, 1]
+    finally:
+        sent_hook.reset(hook)
+        await own.aclose()
 
 
 # ---------------------------------------------------------------------------------------------
