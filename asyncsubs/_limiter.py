@@ -554,6 +554,7 @@ class StoreLimiter:
 
     async def _wait_for_start(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> float:
         """As the pool's head: sleep until the paced start, take an in-flight place, start."""
+        arrived = loop.time()
         while True:
             now = loop.time()
             bound = _send_bound(p, now)
@@ -598,13 +599,15 @@ class StoreLimiter:
             # actual start, so no catch-up burst follows. Any n+1 starts thus span at least
             # n*interval - credit > per: the credit is a quarter of what the safety margin
             # adds to a window. A start within the slack before its moment counts as on time.
-            # No credit during the first window after a cold start or a pause: that is when
-            # connections are opened and the first requests reach the server late, and the
-            # lateness kept then is what absorbs it (issue: one 429 at cold start otherwise).
-            if now - ready_at > p.lateness_credit or (
-                ready_at == p.pause_until and p.pause_until > p.last_start + p.interval
-            ):
-                p.warm_since = now
+            # No credit during the first window after a cold start (the pool was idle when this
+            # request came) or a pause: that is when connections are opened and the first
+            # requests reach the server late, and the lateness kept then is what absorbs it
+            # (issue: one 429 at cold start otherwise). A start merely late for its timer on a
+            # busy loop is not cold: a window without credit after each would cost a few %.
+            resumed = ready_at == p.pause_until and p.pause_until > p.last_start + p.interval
+            if now - ready_at > p.lateness_credit or resumed:
+                if resumed or ready_at + p.lateness_credit < arrived:
+                    p.warm_since = now
                 p.last_start = now
             elif now - p.warm_since >= p.window:
                 p.last_start = ready_at
