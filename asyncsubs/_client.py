@@ -27,6 +27,7 @@ from ._protocol import (
     parse_page,
     parse_response,
     parse_retry_after,
+    request_headers,
     versioned_base,
 )
 from ._transport import AiohttpTransport, Transport, sent_hook
@@ -109,6 +110,7 @@ class AdminClient:
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
+        self._headers = request_headers(self._token, self._user_agent)
         self._closed = False
         self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
             self, "subscriptions", Subscription
@@ -195,6 +197,7 @@ class AdminClient:
             params=params,
             json=json,
             user_agent=self._user_agent,
+            headers=self._headers,
         )
         limiter = self._bound_limiter()
         # The store's first binding decides its pools, so ask the limiter, not self.limits.

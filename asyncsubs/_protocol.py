@@ -13,6 +13,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -137,7 +138,14 @@ def check_token(token: object) -> str:
     return token
 
 
+#: A path that clean_path returns unchanged: segments of unreserved and sub-delim characters
+#: (what quote() below leaves alone) with no dots, joined by single slashes.
+_PLAIN_PATH: Final = re.compile(r"[0-9A-Za-z_~:@!$&'()*+,;=-]+(?:/[0-9A-Za-z_~:@!$&'()*+,;=-]+)*")
+
+
 def clean_path(path: str) -> str:
+    if type(path) is str and _PLAIN_PATH.fullmatch(path):
+        return path  # the common case, e.g. "subscriptions/123": already clean
     if not isinstance(path, str) or not path.strip("/"):
         raise ConfigError(f"path must be a non-empty string, got {path!r}")
     if "://" in path or path.startswith("//") or "?" in path or "#" in path:
@@ -156,6 +164,18 @@ def _query_value(value: Any) -> str:
     raise ConfigError(f"query parameter values must be str, int, float or bool, got {value!r}")
 
 
+def request_headers(token: str, user_agent: str = USER_AGENT) -> Mapping[str, str]:
+    """The headers of every request of a client (read-only: transports copy them)."""
+    return MappingProxyType(
+        {
+            TOKEN_HEADER: token,
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": user_agent,
+        }
+    )
+
+
 def build_request(
     base: str,
     token: str,
@@ -165,8 +185,10 @@ def build_request(
     params: Mapping[str, Any] | None = None,
     json: Any = None,
     user_agent: str = USER_AGENT,
+    headers: Mapping[str, str] | None = None,
 ) -> Request:
-    """Build a request. ``path`` must already be clean (see ``clean_path``)."""
+    """Build a request. ``path`` must already be clean (see ``clean_path``). ``headers``, when
+    given, is what ``request_headers(token, user_agent)`` returned (shared, never mutated)."""
     method = method.upper()
     url = base + path
     if params:
@@ -174,12 +196,8 @@ def build_request(
         if query:
             url = f"{url}?{urlencode(query)}"
     body = None if json is None else orjson.dumps(json)
-    headers = {
-        TOKEN_HEADER: token,
-        "Content-Type": "application/json",
-        "Accept": "application/json",
-        "User-Agent": user_agent,
-    }
+    if headers is None:
+        headers = request_headers(token, user_agent)
     return Request(method=method, url=url, path=path, headers=headers, body=body)
 
 

@@ -83,6 +83,7 @@ class AiohttpTransport:
         self._session = session
         self._owns_session = session is None
         self._max_bytes = max_response_bytes
+        self._timeout: aiohttp.ClientTimeout | None = None
         self.reports_sends = session is None or isinstance(
             session.connector, SendReportingConnector
         )
@@ -98,7 +99,9 @@ class AiohttpTransport:
 
     async def send(self, request: Request, *, timeout: float) -> RawResponse:
         session = self._get_session()
-        where = f"{request.method} {request.path}"
+        client_timeout = self._timeout
+        if client_timeout is None or client_timeout.total != timeout:
+            client_timeout = self._timeout = aiohttp.ClientTimeout(total=timeout)
         try:
             async with session.request(
                 request.method,
@@ -107,18 +110,20 @@ class AiohttpTransport:
                 data=request.body,
                 allow_redirects=False,
                 raise_for_status=False,
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                timeout=client_timeout,
             ) as resp:
-                body = await self._read_body(resp, where)
+                body = await self._read_body(resp, request)
                 headers = {k.lower(): v for k, v in resp.headers.items()}
                 return RawResponse(status=resp.status, headers=headers, body=body)
         except TimeoutError:
+            where = f"{request.method} {request.path}"
             raise TransportError(
                 f"{where}: no complete response within {timeout:g}s",
                 method=request.method,
                 path=request.path,
             ) from None
         except aiohttp.ClientConnectorError as exc:
+            where = f"{request.method} {request.path}"
             # The connection was never made: the server cannot have seen the request.
             raise TransportError(
                 f"{where}: cannot connect: {exc.strerror or type(exc).__name__}",
@@ -127,32 +132,36 @@ class AiohttpTransport:
                 maybe_processed=False,
             ) from exc
         except aiohttp.ClientError as exc:
+            where = f"{request.method} {request.path}"
             raise TransportError(
                 f"{where}: connection failed: {type(exc).__name__}",
                 method=request.method,
                 path=request.path,
             ) from exc
 
-    async def _read_body(self, resp: aiohttp.ClientResponse, where: str) -> bytes:
+    async def _read_body(self, resp: aiohttp.ClientResponse, request: Request) -> bytes:
         length = resp.content_length
         if length is not None and length <= self._max_bytes:
             return await resp.read()
         if length is not None:
-            raise self._too_large(resp, where, length)
+            raise self._too_large(resp, request, length)
         chunks: list[bytes] = []
         total = 0
         async for chunk in resp.content.iter_chunked(_CHUNK):
             total += len(chunk)
             if total > self._max_bytes:
-                raise self._too_large(resp, where, total)
+                raise self._too_large(resp, request, total)
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _too_large(self, resp: aiohttp.ClientResponse, where: str, size: int) -> ProtocolError:
+    def _too_large(
+        self, resp: aiohttp.ClientResponse, request: Request, size: int
+    ) -> ProtocolError:
         resp.close()  # drop the connection rather than drain the rest
-        method, _, path = where.partition(" ")
+        method, path = request.method, request.path
         return ProtocolError(
-            f"{where}: response body of {size}+ bytes exceeds max_response_bytes={self._max_bytes}",
+            f"{method} {path}: response body of {size}+ bytes exceeds"
+            f" max_response_bytes={self._max_bytes}",
             method=method,
             path=path,
             status=resp.status,

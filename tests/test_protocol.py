@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import email.utils
+import string
+from urllib.parse import quote
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncsubs import errors
 from asyncsubs._protocol import (
@@ -74,6 +78,31 @@ def test_bad_tokens_rejected_without_echo(token: object) -> None:
         check_token(token)
     if isinstance(token, str) and token:
         assert token.strip() not in str(info.value)
+
+
+_PATH_CHARS = string.ascii_letters + string.digits + "-._~:@!$&'()*+,;=%/ é?#"
+
+
+def _clean_path_by_quoting(path: str) -> str | None:
+    """clean_path without its fast path (None where it raises)."""
+    if not path.strip("/") or "://" in path or path.startswith("//") or "?" in path:
+        return None
+    segments = path.strip("/").split("/")
+    if "#" in path or any(seg in ("", ".", "..") for seg in segments):
+        return None
+    return "/".join(quote(seg, safe="-._~:@!$&'()*+,;=") for seg in segments)
+
+
+@given(st.lists(st.text(alphabet=_PATH_CHARS, max_size=12), min_size=1, max_size=4))
+def test_clean_path_fast_path_agrees_with_quoting(parts: list[str]) -> None:
+    """Paths that need no quoting skip it; every path gets the same result as by quoting."""
+    path = "/".join(parts)
+    expected = _clean_path_by_quoting(path)
+    if expected is None:
+        with pytest.raises(errors.ConfigError):
+            clean_path(path)
+    else:
+        assert clean_path(path) == expected
 
 
 def test_clean_path() -> None:
