@@ -137,11 +137,12 @@ class Limits:
     def lateness_credit_for(self, pool: str) -> float:
         """Seconds a start may run late and still be paced from its scheduled moment.
 
-        A quarter of what the safety margin adds to one window (5 ms at 50/s): enough for timer
-        lateness (~1 ms) not to add up to a slower rate, while three quarters of the margin stay
-        for network jitter; never enough to let n + 1 starts into a window."""
+        Half of what the safety margin adds to one window (10 ms at 50/s): enough for timer
+        lateness on a busy loop not to add up to a slower rate. Any n + 1 scheduled starts
+        still span ``per / (1 - margin) - credit``, at least ``send_span_for(pool)``; the other
+        half of the margin is the write-span allowance for network jitter."""
         rate = self.rate_for(pool)
-        return self.interval_for(pool) * rate.n * self.safety_margin / 4
+        return self.interval_for(pool) * rate.n * self.safety_margin / 2
 
     def send_span_for(self, pool: str) -> float:
         """The shortest time in which ``n + 1`` requests of ``pool`` may be written.

@@ -14,20 +14,22 @@ How the client uses it::
 
 Guarantees
 ----------
-- Starts in one (store, pool) are at least ``limits.interval_for(pool)`` seconds apart, measured
-  with ``loop.time()`` at the moment each request is let through, from a cold start on (no
-  initial burst). As that interval is ``per / n`` widened by the safety margin, no window of
-  ``per`` seconds ever holds more than ``n`` starts. (On a loop whose clock counts milliseconds,
-  like uvloop's, a start may be let through up to 1 ms before its moment by that clock; the next
-  start is still paced from the moment itself, so this never adds up.)
-- Any ``n + 1`` requests of a pool are *written* at least ``limits.send_span_for(pool)``
-  (``per`` plus half the margin's share) apart, as far as this process can see: a request
-  whose write lagged its start (a new connection, a busy loop) holds back the start ``n``
-  places after it, so its lateness never bunches it up with later requests in a server's
-  window. Callers that report writes (``reports_sends=True``, then ``start.sent()``) get
-  this for the actual write moments; for the others a request counts as written when it
-  starts, where pacing already guarantees it. A request started but not yet written counts
-  as written from now on; one that ends unwritten (it could not connect) does not count.
+- Starts in one (store, pool) are paced ``limits.interval_for(pool)`` apart (``per / n``
+  widened by the safety margin), measured with ``loop.time()``, from a cold start on (no
+  initial burst). A start late for its moment by at most the lateness credit (timer lateness on
+  a busy loop) is paced from that moment, so lateness does not add up to a lower rate; one held
+  up longer (an idle pool, a full in-flight gate) is paced from when it went, so no catch-up
+  burst follows. Either way no ``n + 1`` starts fall within ``per``. (On a loop whose clock
+  counts milliseconds, like uvloop's, a start may be let through up to 1 ms before its moment
+  by that clock; the next is still paced from the moment itself.)
+- Whatever the loop does, no ``n + 1`` requests of a pool are *written* within
+  ``limits.send_span_for(pool)`` (``per`` plus half the margin's share), as far as this process
+  can see: a request whose write lagged its start (a new connection, a busy loop) holds back the
+  start ``n`` places after it, so its lateness never bunches it up with later requests in a
+  server's window. Callers that report writes (``reports_sends=True``, then ``start.sent()``)
+  get this for the actual write moments; for the others a request counts as written when it
+  starts. A request started but not yet written counts as written from now on; one that ends
+  unwritten (it could not connect) does not count.
 - ``max_in_flight`` caps the requests of a store that are in flight at once, across its pools.
 - ``pause(pool, seconds)`` holds every task of that pool until the pause has passed; pacing then
   resumes one interval at a time. A pause never shortens an existing one.
@@ -597,8 +599,9 @@ class StoreLimiter:
             # asyncio) is paced from that moment, or the lateness would add up to a rate a few %
             # low; one held up for long (idle pool, full in-flight gate) is paced from its
             # actual start, so no catch-up burst follows. Any n+1 starts thus span at least
-            # n*interval - credit > per: the credit is a quarter of what the safety margin
-            # adds to a window. A start within the slack before its moment counts as on time.
+            # n*interval - credit >= send_span > per (see Limits.lateness_credit_for); the
+            # write-span bound holds that line for late writes. A start within the slack before
+            # its moment counts as on time.
             # No credit during the first window after a cold start (the pool was idle when this
             # request came) or a pause: that is when connections are opened and the first
             # requests reach the server late, and the lateness kept then is what absorbs it

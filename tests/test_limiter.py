@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncsubs import AdminClient, SendReportingConnector
 from asyncsubs._config import Limits, Rate
@@ -325,6 +327,20 @@ async def test_heavy_waiters_do_not_delay_light_requests(clock: VirtualClock) ->
     # Every light request starts exactly on the global pace, as if no heavy request existed.
     assert light == pytest.approx([t0 + i * interval for i in range(40)])
     assert heavy == pytest.approx([t0 + i * lim.interval_for("subscriptions") for i in range(20)])
+
+
+@given(
+    n=st.integers(1, 10_000),
+    per=st.floats(0.001, 3600.0),
+    margin=st.floats(0.0, 0.5),
+)
+def test_credit_and_write_span_keep_n_plus_one_starts_out_of_a_window(
+    n: int, per: float, margin: float
+) -> None:
+    """The budget the margin buys, split between timer lateness and write jitter."""
+    lim = Limits(global_rate=Rate(n, per=per), heavy={}, safety_margin=margin)
+    scheduled_span = n * lim.interval_for("global") - lim.lateness_credit_for("global")
+    assert scheduled_span >= lim.send_span_for("global") * (1 - 1e-12) >= per * (1 - 1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
