@@ -76,8 +76,9 @@ simulate several processes).
 
 Known limits: with a shared backend, a request held up by this process's full in-flight gate
 starts later than its slot and so may land close to another process's next start (the safety
-margin absorbs small delays). Store state lives as long as its event loop, so that a store bound
-again right after its last client closed is still paced from its previous start.
+margin absorbs small delays); likewise the write-span bound sees this process's writes only.
+Store state lives as long as its event loop, so that a store bound again right after its last
+client closed is still paced from its previous start.
 """
 
 from __future__ import annotations
