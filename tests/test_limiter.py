@@ -35,7 +35,7 @@ from asyncsubs._limiter import (
     default_limiter,
 )
 from asyncsubs._protocol import RawResponse, Request, build_request
-from asyncsubs._transport import AiohttpTransport, report_sent, sent_hook
+from asyncsubs._transport import AiohttpTransport, report_sent, watch_sends
 from asyncsubs.errors import ConfigError, LimiterUnavailableError
 from asyncsubs.testing import FakeAdminServer
 
@@ -492,30 +492,32 @@ async def test_aiohttp_transport_reports_writes_through_its_connector(
     reported: list[int] = []
     own = AiohttpTransport(max_response_bytes=1 << 20)
     assert own.reports_sends is True
-    hook = sent_hook.set(lambda: reported.append(1))
     try:
-        raw = await own.send(request, timeout=5.0)
+        with watch_sends(lambda: reported.append(1)):
+            raw = await own.send(request, timeout=5.0)
         assert raw.status in (200, 404)
         assert reported == [1]
         async with aiohttp.ClientSession() as session:
             shared = AiohttpTransport(session, max_response_bytes=1 << 20)
             assert shared.reports_sends is False  # the caller's connector: it cannot tell
-            await shared.send(request, timeout=5.0)
+            with watch_sends(lambda: reported.append(1)):
+                await shared.send(request, timeout=5.0)
         assert reported == [1]
         connector = SendReportingConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
             shared = AiohttpTransport(session, max_response_bytes=1 << 20)
             assert shared.reports_sends is True
-            await shared.send(request, timeout=5.0)
+            with watch_sends(lambda: reported.append(1)):
+                await shared.send(request, timeout=5.0)
             assert reported == [1, 1]
-            # Other code's requests through the session run without a hook: nothing reported.
-            sent_hook.reset(hook)
-            hook = sent_hook.set(None)
+            # Other code's requests through the session run unwatched: nothing reported.
             async with session.get(server.base_url + "/admin/2021-01/subscriptions/1") as resp:
                 await resp.read()
+            # Nor does a request in another task while this one watches.
+            with watch_sends(lambda: reported.append(1)):
+                await asyncio.create_task(shared.send(request, timeout=5.0))
         assert reported == [1, 1]
     finally:
-        sent_hook.reset(hook)
         await own.aclose()
 
 
