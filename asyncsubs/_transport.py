@@ -34,10 +34,9 @@ __all__ = [
 _CHUNK = 1 << 16
 
 #: Task -> what to call once the request it is sending is written; set by the client around
-#: ``Transport.send``. Keyed by task rather than held in a ContextVar: a context variable set
-#: per request made every callback aiohttp schedules meanwhile copy a changed context, and the
-#: garbage collector ran seven times as often (measured: 6.9 vs 0.95 young collections per
-#: 1,000 requests at 200 in flight).
+#: ``Transport.send``. Keyed by task, not held in a ContextVar: with a context variable set and
+#: reset around every request (and captured by every callback aiohttp scheduled meanwhile),
+#: young GC collections ran seven times as often (6.9 vs 0.95 per 1,000 requests, 200 in flight).
 _sent_hooks: dict[asyncio.Task[Any], Callable[[], None]] = {}
 
 
