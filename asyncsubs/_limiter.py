@@ -42,7 +42,9 @@ A request goes through three stages, in this order:
 
 1. its pool's *turn*: a FIFO queue per (store, pool); only the head of the queue goes further;
 2. the pool's *paced start*: the head sleeps until ``last start + interval`` (and past any
-   pause and the write-span bound above), holding nothing but its pool's turn;
+   pause and the write-span bound above), holding nothing but its pool's turn. A start hands
+   the turn to the next request with a timer for that moment, so a paced request is woken
+   once, not once for the turn and again for its moment;
 3. the store's *in-flight gate*: a FIFO of pool heads whose start time has come; the request
    starts the moment it gets a place, and that moment is what the next start is paced from.
 
@@ -266,6 +268,23 @@ class _FifoGate:
                 fut.set_result(None)
                 return
         self._free += 1
+
+    def release_at(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """Hand the place to the next waiter, but wake it only at ``when``: a pool's next head
+        has nothing to do before its paced moment, and waking it then saves it a wake-up (and
+        a timer) per request. Cancelled before then, it passes the place on at once."""
+        while self._waiters:
+            fut, _ = self._waiters.popitem(last=False)
+            if not fut.done():
+                loop.call_at(when, self._grant, fut)
+                return
+        self._free += 1
+
+    def _grant(self, fut: asyncio.Future[None]) -> None:
+        if fut.done():  # cancelled while its grant was pending: the next waiter's turn
+            self.release()
+        else:
+            fut.set_result(None)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -535,11 +554,14 @@ class StoreLimiter:
         try:
             await p.turn.acquire()
             try:
-                now = await self._wait_for_start(loop, p)
-            finally:
-                # Hand the turn on as soon as this request starts (or gives up): the next
-                # request of the pool is paced from this start, not from this request's end.
-                p.turn.release()
+                now = await self._wait_for_start(loop, p, queued_at)
+            except BaseException:
+                p.turn.release()  # gave up: the next request finds its own moment
+                raise
+            # Hand the turn on as soon as this request starts, for the next request's paced
+            # moment (it is paced from this start, not from this request's end). Whatever
+            # happens meanwhile (a pause, a late write), it looks again when it wakes.
+            p.turn.release_at(loop, max(p.last_start + p.interval, p.pause_until))
         finally:
             p.waiting -= 1
         waited = now - queued_at
@@ -555,9 +577,10 @@ class StoreLimiter:
             )
         return now
 
-    async def _wait_for_start(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> float:
+    async def _wait_for_start(
+        self, loop: asyncio.AbstractEventLoop, p: _Pool, queued_at: float
+    ) -> float:
         """As the pool's head: sleep until the paced start, take an in-flight place, start."""
-        arrived = loop.time()
         while True:
             now = loop.time()
             bound = _send_bound(p, now)
@@ -610,7 +633,7 @@ class StoreLimiter:
             # busy loop is not cold: a window without credit after each would cost a few %.
             resumed = ready_at == p.pause_until and p.pause_until > p.last_start + p.interval
             if now - ready_at > p.lateness_credit or resumed:
-                if resumed or ready_at + p.lateness_credit < arrived:
+                if resumed or ready_at + p.lateness_credit < queued_at:
                     p.warm_since = now
                 p.last_start = now
             elif now - p.warm_since >= p.window:
