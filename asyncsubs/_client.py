@@ -209,10 +209,7 @@ class AdminClient:
             nonlocal attempts
             attempts += 1
             async with limiter.slot(pool, reports_sends=reports_sends) as start:
-                if reports_sends:
-                    with watch_sends(start.sent):
-                        raw = await self._transport.send(request, timeout=self.timeout)
-                else:
+                with watch_sends(start.sent):
                     raw = await self._transport.send(request, timeout=self.timeout)
             if raw.status == 429:
                 self._pause_after_429(limiter, pool, raw, attempts)

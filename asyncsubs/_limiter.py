@@ -260,25 +260,30 @@ class _FifoGate:
                 self.release()  # granted, then cancelled before it ran: pass the place on
             raise
 
-    def release(self) -> None:
+    def _next_waiter(self) -> asyncio.Future[None] | None:
         while self._waiters:
             fut, _ = self._waiters.popitem(last=False)
             # A future cancelled an instant ago is still queued until its task runs; skip it.
             if not fut.done():
-                fut.set_result(None)
-                return
-        self._free += 1
+                return fut
+        return None
+
+    def release(self) -> None:
+        fut = self._next_waiter()
+        if fut is None:
+            self._free += 1
+        else:
+            fut.set_result(None)
 
     def release_at(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         """Hand the place to the next waiter, but wake it only at ``when``: a pool's next head
         has nothing to do before its paced moment, and waking it then saves it a wake-up (and
         a timer) per request. Cancelled before then, it passes the place on at once."""
-        while self._waiters:
-            fut, _ = self._waiters.popitem(last=False)
-            if not fut.done():
-                loop.call_at(when, self._grant, fut)
-                return
-        self._free += 1
+        fut = self._next_waiter()
+        if fut is None:
+            self._free += 1
+        else:
+            loop.call_at(when, self._grant, fut)
 
     def _grant(self, fut: asyncio.Future[None]) -> None:
         if fut.done():  # cancelled while its grant was pending: the next waiter's turn
@@ -292,28 +297,22 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-async def _sleep_until_unsent_changes(
-    loop: asyncio.AbstractEventLoop, p: _Pool, when: float
+async def _sleep_until(
+    loop: asyncio.AbstractEventLoop, when: float, unsent_of: _Pool | None = None
 ) -> None:
-    """Sleep until ``when`` (may be inf) or until an unwritten request of ``p`` is written or
-    gives up, whichever comes first."""
-    fut = p.unsent_changed = loop.create_future()
+    """Sleep until ``when`` (may be inf with ``unsent_of``) or, with ``unsent_of``, until an
+    unwritten request of that pool is written or gives up, whichever comes first."""
+    fut: asyncio.Future[None] = loop.create_future()
+    if unsent_of is not None:
+        unsent_of.unsent_changed = fut
     handle = loop.call_at(when, _wake, fut) if when < math.inf else None
     try:
         await fut
     finally:
-        p.unsent_changed = None
+        if unsent_of is not None:
+            unsent_of.unsent_changed = None
         if handle is not None:
             handle.cancel()
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    fut: asyncio.Future[None] = loop.create_future()
-    handle = loop.call_at(when, _wake, fut)
-    try:
-        await fut
-    finally:
-        handle.cancel()
 
 
 class _Pool:
@@ -414,12 +413,16 @@ class Slot:
     def sent(self) -> None:
         """The request has just been written: count it from now (once; later calls are no-ops)."""
         if self._unsent:
-            p = self._pool
-            self._unsent = False
-            p.unsent -= 1
+            self._settle(written=True)
+
+    def _settle(self, *, written: bool) -> None:
+        p = self._pool
+        self._unsent = False
+        p.unsent -= 1
+        if written:
             p.sends.append(asyncio.get_running_loop().time())
-            if p.unsent_changed is not None:
-                _wake(p.unsent_changed)
+        if p.unsent_changed is not None:
+            _wake(p.unsent_changed)
 
     async def __aexit__(
         self,
@@ -428,11 +431,7 @@ class Slot:
         tb: TracebackType | None,
     ) -> None:
         if self._unsent:  # never written (it could not connect): the server never saw it
-            p = self._pool
-            self._unsent = False
-            p.unsent -= 1
-            if p.unsent_changed is not None:
-                _wake(p.unsent_changed)
+            self._settle(written=False)
         self._limiter._in_flight.release()
 
 
@@ -587,7 +586,7 @@ class StoreLimiter:
             ready_at = max(p.last_start + p.interval, p.pause_until, bound)
             if ready_at == bound and p.unsent and bound - now > self._slack:
                 # Held back by requests not written yet: their write or failure moves the bound.
-                await _sleep_until_unsent_changes(loop, p, bound)
+                await _sleep_until(loop, bound, unsent_of=p)
                 continue
             if self._backend is not None:
                 at = p.reserved_at
