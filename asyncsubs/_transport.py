@@ -40,7 +40,7 @@ _CHUNK = 1 << 16
 _sent_hooks: dict[asyncio.Task[Any], Callable[[], None]] = {}
 
 
-class watch_sends:  # a function in use: ``with watch_sends(hook):``
+class watch_sends:  # lower case: used like a function, ``with watch_sends(hook):``
     """While sending in this task: call ``hook()`` when :func:`report_sent` is called in it."""
 
     __slots__ = ("_hook", "_task")
