@@ -8,6 +8,7 @@ come straight from the server.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import signal
@@ -298,16 +299,8 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
 
 def test_plain_progress_lines() -> None:
     tracker = Tracker()
-    out: list[str] = []
-
-    class Sink:
-        def write(self, text: str) -> None:
-            out.append(text)
-
-        def flush(self) -> None:
-            pass
-
-    display = _PlainDisplay(tracker, Sink(), 1.0)  # type: ignore[arg-type]
+    out = io.StringIO()
+    display = _PlainDisplay(tracker, out, 1.0)
     tracker.listen(display.on_event)
     row = tracker.add("acme", "orders")
     tracker.start(row, None, resumed=True, resumed_records=40)
@@ -315,7 +308,7 @@ def test_plain_progress_lines() -> None:
     tracker.page(row, 25)
     display.tick()
     tracker.finish(row, rows=90)
-    lines = [line.split("] ", 1)[1] for line in "".join(out).splitlines()]
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines[0] == "acme/orders: resuming from its saved cursor"
     assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
     assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import os
 import re
@@ -318,16 +319,8 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
 
 def test_plain_progress_shows_webhook_counters_when_they_change() -> None:
     tracker = Tracker()
-    out: list[str] = []
-
-    class Sink:
-        def write(self, text: str) -> None:
-            out.append(text)
-
-        def flush(self) -> None:
-            pass
-
-    display = _PlainDisplay(tracker, Sink(), 1.0)  # type: ignore[arg-type]
+    out = io.StringIO()
+    display = _PlainDisplay(tracker, out, 1.0)
     tracker.listen(display.on_event, display.on_message)
     hook = tracker.webhook("acme")
     hook.receiver_stats = lambda: ReceiverStats(accepted=12, duplicates=2, dead_lettered=1)
@@ -338,7 +331,7 @@ def test_plain_progress_shows_webhook_counters_when_they_change() -> None:
     display.tick()  # nothing changed: no line
     tracker.webhook("globex").ignored = 1
     display.tick()
-    lines = [line.split("] ", 1)[1] for line in "".join(out).splitlines()]
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines == [
         "webhooks of store acme: POST http://h:1/webhooks/acme",
         "webhooks: 12 accepted, 2 duplicates, 15 applied (3 deletes), 1 stale, 0 ignored, "
