@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -20,6 +21,7 @@ from ._protocol import (
     USER_AGENT,
     PageEnvelope,
     RawResponse,
+    Request,
     Response,
     build_request,
     check_token,
@@ -202,23 +204,28 @@ class AdminClient:
         limiter = self._bound_limiter()
         # The store's first binding decides its pools, so ask the limiter, not self.limits.
         pool = limiter.pool_for(method, path)
-        reports_sends = self._reports_sends
-        attempts = 0
+        # Arguments, not a closure: a closure's cells are objects the garbage collector scans
+        # for as long as the request waits (see _retry.call_with_retries).
+        attempt = functools.partial(self._attempt, request, limiter, pool, parse)
+        return await _retry.call_with_retries(self.retry, request, attempt)
 
-        async def attempt() -> T:
-            nonlocal attempts
-            attempts += 1
-            async with limiter.slot(pool, reports_sends=reports_sends) as start:
-                with watch_sends(start.sent):
-                    raw = await self._transport.send(request, timeout=self.timeout)
-            if raw.status == 429:
-                self._pause_after_429(limiter, pool, raw, attempts)
-            return parse(method, path, raw)
-
-        def on_retry(exc: BaseException, number: int, delay: float) -> None:
+    async def _attempt(
+        self,
+        request: Request,
+        limiter: StoreLimiter,
+        pool: str,
+        parse: Callable[[str, str, RawResponse], T],
+        number: int,
+    ) -> T:
+        """Attempt ``number`` (from 1) at sending ``request``."""
+        if number > 1:
             limiter.record_retry(pool)
-
-        return await _retry.call_with_retries(self.retry, request, attempt, on_retry=on_retry)
+        async with limiter.slot(pool, reports_sends=self._reports_sends) as start:
+            with watch_sends(start.sent):
+                raw = await self._transport.send(request, timeout=self.timeout)
+        if raw.status == 429:
+            self._pause_after_429(limiter, pool, raw, number)
+        return parse(request.method, request.path, raw)
 
     def _pause_after_429(
         self, limiter: StoreLimiter, pool: str, raw: RawResponse, attempt: int

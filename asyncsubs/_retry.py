@@ -62,32 +62,43 @@ def is_retryable(exc: BaseException, request: Request, policy: RetryPolicy) -> b
 
 
 async def call_with_retries(
-    policy: RetryPolicy,
-    request: Request,
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    on_retry: Callable[[BaseException, int, float], None] | None = None,
+    policy: RetryPolicy, request: Request, attempt: Callable[[int], Awaitable[T]]
 ) -> T:
-    """Run ``attempt`` until it succeeds or the policy gives up; then re-raise the last error
-    with ``attempts`` set on it."""
-    # Fast path: the first attempt runs outside tenacity, which is only needed once it fails.
-    # tenacity builds a dozen objects per call that hold one another in reference cycles (~47
-    # objects per request left to the cyclic GC): at thousands of requests per second that
-    # garbage drove full collections of 100-400 ms that stalled the loop and the pacing.
+    """Run ``attempt(number)`` (numbered from 1) until it succeeds or the policy gives up; then
+    re-raise the last error with ``attempts`` set on it.
+
+    The first attempt runs bare: no closure, no cell, no tenacity object. tenacity builds a
+    dozen objects per call that hold one another in reference cycles, and at thousands of
+    requests per second in flight every object a request keeps alive is one more for the
+    garbage collector to scan and promote (see benchmarks/README.md, GC); it is only needed
+    once an attempt has failed.
+    """
     started = time.monotonic()
     try:
-        return await attempt()
+        return await attempt(1)
     except Exception as exc:  # anything else (cancellation) is never retried
-        first_failure: Exception | None = exc
+        failure = exc
+    return await _retry_after(policy, request, attempt, failure, started)
 
-    async def replay_then_attempt() -> T:
+
+async def _retry_after(
+    policy: RetryPolicy,
+    request: Request,
+    attempt: Callable[[int], Awaitable[T]],
+    failure: Exception,
+    started: float,
+) -> T:
+    """The retries after a failed first attempt (which began at ``started``)."""
+    first_failure: Exception | None = failure
+
+    async def replay_then_attempt(number: int) -> T:
         # tenacity sees the failure as its own first attempt: it decides, numbers, waits,
         # logs and sets .attempts exactly as if it had run that attempt itself.
         nonlocal first_failure
         if first_failure is not None:
-            failure, first_failure = first_failure, None
-            raise failure
-        return await attempt()
+            replayed, first_failure = first_failure, None
+            raise replayed
+        return await attempt(number)
 
     def wait(state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -107,8 +118,6 @@ async def call_with_retries(
             type(exc).__name__,
             delay,
         )
-        if on_retry is not None:
-            on_retry(exc, state.attempt_number, delay)
 
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts)
@@ -124,7 +133,7 @@ async def call_with_retries(
         async for try_ in retrying:
             number = try_.retry_state.attempt_number
             with try_:
-                return await replay_then_attempt()
+                return await replay_then_attempt(number)
     except AsyncSubsError as exc:
         exc.attempts = number
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import itertools
 import logging
 import math
@@ -257,6 +258,46 @@ async def test_many_stores_and_tasks_are_cheap(clock: VirtualClock) -> None:
     # At most one pacing timer per request (plus each request's own 50 ms hold): no polling.
     assert clock.timers - timers_before <= 2 * len(tasks)
     assert wall < 3.0
+
+
+async def test_a_queued_request_keeps_few_objects_alive(clock: VirtualClock) -> None:
+    """With hundreds of requests queued in the limiter, every GC-tracked object each keeps alive
+    is one more for the garbage collector to scan and promote (a 75-store run queues ~200): the
+    request path builds no closure, cell or retry object until an attempt has failed."""
+
+    class Stalled:
+        reports_sends = True
+        release = asyncio.Event()
+
+        async def send(self, request: Request, *, timeout: float) -> RawResponse:
+            report_sent()
+            await self.release.wait()
+            return RawResponse(200, {}, b'{"success": true, "code": "SUCCESS", "data": {}}')
+
+        async def aclose(self) -> None:
+            pass
+
+    client = AdminClient(
+        token="t",
+        base_url="https://subs.example",
+        transport=Stalled(),
+        limits=Limits(global_rate=Rate(1, per=1.0), heavy={}),
+        limiter=LocalLimiter(),
+    )
+    first = asyncio.ensure_future(client.request("GET", "subscriptions/1"))
+    await settle()  # the store's limiter and pools exist; this one is in flight
+    gc.collect()
+    before = len(gc.get_objects())
+    queued = [asyncio.ensure_future(client.request("GET", "subscriptions/1")) for _ in range(200)]
+    await settle()
+    per_request = (len(gc.get_objects()) - before) / len(queued)
+    for task in (first, *queued):
+        task.cancel()
+    await asyncio.gather(first, *queued, return_exceptions=True)
+    await client.aclose()
+    # 19 on CPython 3.11 (task, future, eight coroutines, the request, its slot, ...); a closure
+    # per request with its cells and a retry wrapper made it 34.
+    assert per_request <= 24
 
 
 # ---------------------------------------------------------------------------------------------
