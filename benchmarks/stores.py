@@ -15,7 +15,7 @@ time) to the same server, for CPU per request and for the server's capacity. The
 client or the server used >= 90% of a core is reported as saturated, naming the side, and is
 not judged; so is a row where the client's loop no longer runs timers on time. A probe task
 sleeps 5 ms over and over during the phase and records how late it wakes; when the 90th
-percentile of that lateness exceeds the limiter's lateness credit (5 ms at 50/s), one start in
+percentile of that lateness exceeds the limiter's lateness credit (10.2 ms at 50/s), one start in
 ten is paced late by more than the credit allows for, whatever the CPU figure says (an event
 loop at 80-90% of a core runs long iterations), and the row reads "client loop" saturated.
 
