@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import math
 import os
 from collections.abc import Callable, Mapping
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Final, TypeVar
 
 import aiohttp
 
 from . import _retry
 from ._config import Limits, RetryPolicy
-from ._limiter import Limiter, LimiterStats, StoreLimiter, default_limiter
+from ._limiter import Limiter, LimiterStats, PoolStats, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
@@ -156,7 +157,17 @@ class AdminClient:
     @property
     def stats(self) -> LimiterStats:
         """Requests, 429s, retries and time spent waiting, per pool of this client's store
-        (shared by every client of the store in this process)."""
+        (shared by every client of the store in this process). Outside an event loop, before
+        the client's first request, every counter is zero."""
+        if self._store_limiter is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # nothing bound, and binding needs the loop: nothing counted
+                return LimiterStats(
+                    store=self.store,
+                    pools=MappingProxyType({name: PoolStats() for name in self.limits.pools}),
+                    max_in_flight=self.limits.max_in_flight,
+                )
         return self._bound_limiter().stats()
 
     def _bound_limiter(self) -> StoreLimiter:

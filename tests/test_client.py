@@ -359,3 +359,15 @@ async def test_stats_count_requests_and_429s(
     assert orders.requests == 5  # 4 pages + the 429'd attempt
     assert orders.rate_limited == 1
     assert orders.retries == 1
+
+
+def test_stats_before_any_request_outside_a_loop() -> None:
+    """Binding the store's limiter needs the running loop; before the first request there is
+    nothing to count, so the stats are zeros rather than an error."""
+    client = AdminClient(token="t", base_url="https://subs.example", limits=Limits(max_in_flight=7))
+    stats = client.stats
+    assert stats.store == client.store
+    assert set(stats.pools) == {"global", "subscriptions", "customers", "orders"}
+    counters = (stats.requests, stats.rate_limited, stats.retries, stats.in_flight)
+    assert counters == (0, 0, 0, 0)
+    assert stats.max_in_flight == 7
