@@ -286,6 +286,37 @@ async def hammer(client: Any, ids: Sequence[int], tally: Tally, first: int, step
         n += step
 
 
+def naive_tasks(
+    session: Any, remote: RemoteFakeServer, store: str, tally: Tally, *, tasks: int, records: int
+) -> list[Awaitable[None]]:
+    """The hand-written baseline: light requests through aiohttp behind an aiolimiter leaky
+    bucket of 50/s (``AsyncLimiter(50, 1)``), ``tasks`` at a time, no retries, until cancelled."""
+    import aiohttp
+    from aiolimiter import AsyncLimiter
+
+    ids = subscription_ids(store, records)
+    limiter = AsyncLimiter(50, 1)
+    headers = {"X-Service-Token": remote.tokens[store]}
+    base = f"{remote.api_url}subscriptions/"
+
+    async def task(first: int) -> None:
+        n = first
+        while True:
+            async with limiter:
+                try:
+                    async with session.get(f"{base}{ids[n % len(ids)]}", headers=headers) as r:
+                        await r.read()
+                        if r.status == 200:
+                            tally.ok += 1
+                        else:
+                            tally.error(f"HTTP {r.status}")
+                except aiohttp.ClientError as exc:
+                    tally.error(type(exc).__name__)
+            n += tasks
+
+    return [task(k) for k in range(tasks)]
+
+
 async def run_tasks_for(seconds: float, coroutines: Sequence[Awaitable[Any]]) -> None:
     """Run ``coroutines`` as tasks for ``seconds``, then cancel them and wait until they end."""
     tasks = [asyncio.ensure_future(c) for c in coroutines]

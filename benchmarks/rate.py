@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 import aiohttp
-from aiolimiter import AsyncLimiter
 
 from asyncsubs import AdminClient, Limits, Rate, SendReportingConnector
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
@@ -37,6 +36,7 @@ from ._common import (
     achieved_rate,
     all_stats,
     hammer,
+    naive_tasks,
     pages_of,
     pct,
     raw_light_baseline,
@@ -76,33 +76,6 @@ def client_for(remote: RemoteFakeServer, store: str, **kwargs: Any) -> AdminClie
     return AdminClient(token=remote.tokens[store], base_url=remote.base_url, store=store, **kwargs)
 
 
-def naive(
-    session: aiohttp.ClientSession, remote: RemoteFakeServer, store: str, tally: Tally
-) -> list[Any]:
-    """The baseline: aiohttp behind an aiolimiter leaky bucket of 50/s, no retries."""
-    ids = subscription_ids(store, RECORDS)
-    limiter = AsyncLimiter(RATE.n, RATE.per)
-    headers = {"X-Service-Token": remote.tokens[store]}
-    base = f"{remote.api_url}subscriptions/"
-
-    async def task(first: int) -> None:
-        n = first
-        while True:
-            async with limiter:
-                try:
-                    async with session.get(f"{base}{ids[n % len(ids)]}", headers=headers) as r:
-                        await r.read()
-                        if r.status == 200:
-                            tally.ok += 1
-                        else:
-                            tally.error(f"HTTP {r.status}")
-                except aiohttp.ClientError as exc:
-                    tally.error(type(exc).__name__)
-            n += TASKS
-
-    return [task(k) for k in range(TASKS)]
-
-
 async def phase_one(remote: RemoteFakeServer, seconds: float) -> dict[str, Any]:
     """The client at each safety margin, side by side on their own stores."""
     tallies: dict[str, Tally] = {}
@@ -131,7 +104,9 @@ async def phase_naive(remote: RemoteFakeServer, seconds: float) -> dict[str, Any
     await warm_up(remote, [NAIVE])
     async with aiohttp.ClientSession() as session:
         t0 = time.monotonic()
-        await run_tasks_for(seconds + 0.5, naive(session, remote, NAIVE, tally))
+        await run_tasks_for(
+            seconds + 0.5, naive_tasks(session, remote, NAIVE, tally, tasks=TASKS, records=RECORDS)
+        )
     return {"t0": t0, "tally": tally}
 
 

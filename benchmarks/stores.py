@@ -25,6 +25,11 @@ threshold of 10,000): with Python's default threshold of 700, a few hundred task
 trigger ~60 young collections a second and a 40-50 ms full one every two seconds, which alone
 costs ~10% of a core and the pacing its p99 timer lateness. Those rows are labelled and judged
 like the others.
+
+Full runs add one more row at 75 stores without asyncsubs: the same light requests, 5 tasks per
+store, through raw aiohttp behind one ``aiolimiter.AsyncLimiter(50, 1)`` per store (the loop a
+user would write by hand, as in A.1), with no retries. Its accepted rate and 429s are printed
+for comparison, not judged.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from ._common import (
     all_stats,
     hammer,
     loops,
+    naive_tasks,
     pct,
     raw_light_baseline,
     remote_server,
@@ -74,8 +80,15 @@ PROBE_PERIOD = 0.005
 BASELINE_STORE = "g-baseline"
 
 
-def store_names(loop: str, count: int, tuned: bool = False) -> list[str]:
-    tag = "-gc" if tuned else ""
+#: Rows: the client with Python's default GC, the client with the GC tuned, and (full runs only)
+#: a hand-written baseline with no client at all.
+DEFAULT, TUNED, NAIVE = "", "gc tuned", "naive: aiohttp + AsyncLimiter(50, 1)"
+#: Count of the naive row.
+NAIVE_COUNT = 75
+
+
+def store_names(loop: str, count: int, variant: str = DEFAULT) -> list[str]:
+    tag = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive"}[variant]
     return [f"g-{loop}-{count}{tag}-{i:03d}" for i in range(count)]
 
 
@@ -121,6 +134,27 @@ async def phase(
     return {"t0": t0, "meter": meter, "tallies": tallies, "lateness": lateness}
 
 
+async def naive_phase(
+    remote: RemoteFakeServer, stores: list[str], seconds: float
+) -> dict[str, Any]:
+    """The same load without asyncsubs: what a hand-written loop with a per-store leaky bucket
+    gets (no retries; a 429 counts as an error)."""
+    tallies = {s: Tally() for s in stores}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await warm_up(remote, stores, session)
+        coroutines = []
+        for store in stores:
+            coroutines += naive_tasks(
+                session, remote, store, tallies[store], tasks=TASKS_PER_STORE, records=RECORDS
+            )
+        lateness: list[float] = []
+        with CpuMeter(remote.process.pid) as meter:
+            t0 = time.monotonic()
+            await run_tasks_for(seconds + 0.5, [*coroutines, probe_loop(lateness)])
+    lateness.sort()
+    return {"t0": t0, "meter": meter, "tallies": tallies, "lateness": lateness}
+
+
 async def probe_loop(lateness: list[float]) -> None:
     """How late the loop runs a task woken by a timer (what the limiter's pacing relies on)."""
     loop = asyncio.get_running_loop()
@@ -138,14 +172,16 @@ def percentile(values: list[float], fraction: float) -> float:
 def bench(report: Report) -> None:
     seconds = 2.0 if report.quick else 8.0
     counts = QUICK_COUNTS if report.quick else COUNTS
-    rows_to_run = [(c, False) for c in counts]
-    rows_to_run += [(c, True) for c in (QUICK_TUNED_COUNTS if report.quick else TUNED_COUNTS)]
+    rows_to_run = [(c, DEFAULT) for c in counts]
+    rows_to_run += [(c, TUNED) for c in (QUICK_TUNED_COUNTS if report.quick else TUNED_COUNTS)]
+    if not report.quick:
+        rows_to_run.append((NAIVE_COUNT, NAIVE))
     baseline_requests = 1000 if report.quick else 3000
     credit = Limits(global_rate=RATE).lateness_credit_for("global")
     configs = [FakeStoreConfig(BASELINE_STORE, rate_limits=ServerRateLimits.disabled())]
     for loop in loops():
-        for count, tuned in rows_to_run:
-            configs += [FakeStoreConfig(n) for n in store_names(loop, count, tuned)]
+        for count, variant in rows_to_run:
+            configs += [FakeStoreConfig(n) for n in store_names(loop, count, variant)]
     with remote_server(
         stores=configs,
         records={"subscriptions": RECORDS, "customers": 0, "orders": 0},
@@ -170,15 +206,19 @@ def bench(report: Report) -> None:
             )
             rows = []
             verdicts = []
+            naive_line = ""
             # (requests, client CPU s per 1,000, server CPU s per 1,000) of the busiest row
             busiest: tuple[float, float, float] = (0.0, float("nan"), float("nan"))
-            for count, tuned in rows_to_run:
-                stores = store_names(loop, count, tuned)
-                result = run(
-                    lambda s=stores, t=tuned: phase(remote, s, seconds, t),  # type: ignore[misc]
-                    loop,
-                )
-                label = f"{count} (gc tuned)" if tuned else str(count)
+            for count, variant in rows_to_run:
+                stores = store_names(loop, count, variant)
+                if variant == NAIVE:
+                    result = run(lambda s=stores: naive_phase(remote, s, seconds), loop)  # type: ignore[misc]
+                else:
+                    result = run(
+                        lambda s=stores, t=variant == TUNED: phase(remote, s, seconds, t),  # type: ignore[misc]
+                        loop,
+                    )
+                label = f"{count} ({variant})" if variant else str(count)
                 stats = all_stats(remote)
                 meter: CpuMeter = result["meter"]
                 ratios, rejected = [], 0
@@ -191,7 +231,7 @@ def bench(report: Report) -> None:
                 failed = sum(t.failed for t in result["tallies"].values())
                 ratios.sort()
                 cpu_per_k = meter.cpu / ok * 1000 if ok else float("nan")
-                if ok > busiest[0]:
+                if ok > busiest[0] and variant != NAIVE:
                     busiest = (ok, cpu_per_k, meter.other_cpu / ok * 1000)
                 saturated = [
                     side
@@ -222,7 +262,14 @@ def bench(report: Report) -> None:
                         state,
                     ]
                 )
-                verdicts.append((label, ratios[0], rejected, saturated))
+                if variant == NAIVE:
+                    naive_line = (
+                        f"  info  {loop}, {label}: slowest store {pct(ratios[0])}"
+                        f" accepted, {rejected:,} 429s ({rejected / (ok + failed):.0%} of its"
+                        " requests refused; a baseline, not judged)"
+                    )
+                else:
+                    verdicts.append((label, ratios[0], rejected, saturated))
             report.table(
                 [
                     "stores",
@@ -251,6 +298,8 @@ def bench(report: Report) -> None:
                 f"  [{loop}] saturated: a core >= {pct(SATURATED)} busy, or the client loop's"
                 f" p90 timer lateness above the limiter's lateness credit ({credit * 1e3:.1f} ms)"
             )
+            if naive_line:
+                report.say(naive_line)
             for label, slowest, rejected, saturated in verdicts:
                 if saturated:
                     report.say(
