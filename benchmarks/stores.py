@@ -116,22 +116,18 @@ async def phase(
                 hammer(client, ids, tallies[store], k, TASKS_PER_STORE)
                 for k in range(TASKS_PER_STORE)
             ]
-        lateness: list[float] = []
         threshold = gc.get_threshold()
         if tune_gc:
             gc.freeze()
             gc.set_threshold(GEN0_THRESHOLD, *threshold[1:])
         try:
-            with CpuMeter(remote.process.pid) as meter:
-                t0 = time.monotonic()  # system-wide: the server's loop clock
-                await run_tasks_for(seconds + 0.5, [*coroutines, probe_loop(lateness)])
+            result = await measure(remote, seconds, coroutines, tallies)
         finally:
             gc.set_threshold(*threshold)
             gc.unfreeze()
         for client in clients:
             await client.aclose()
-    lateness.sort()
-    return {"t0": t0, "meter": meter, "tallies": tallies, "lateness": lateness}
+    return result
 
 
 async def naive_phase(
@@ -147,10 +143,20 @@ async def naive_phase(
             coroutines += naive_tasks(
                 session, remote, store, tallies[store], tasks=TASKS_PER_STORE, records=RECORDS
             )
-        lateness: list[float] = []
-        with CpuMeter(remote.process.pid) as meter:
-            t0 = time.monotonic()
-            await run_tasks_for(seconds + 0.5, [*coroutines, probe_loop(lateness)])
+        return await measure(remote, seconds, coroutines, tallies)
+
+
+async def measure(
+    remote: RemoteFakeServer,
+    seconds: float,
+    coroutines: list[Any],
+    tallies: dict[str, Tally],
+) -> dict[str, Any]:
+    """Run a phase's load generators and the lateness probe for ``seconds``, metering CPU."""
+    lateness: list[float] = []
+    with CpuMeter(remote.process.pid) as meter:
+        t0 = time.monotonic()  # system-wide: the server's loop clock
+        await run_tasks_for(seconds + 0.5, [*coroutines, probe_loop(lateness)])
     lateness.sort()
     return {"t0": t0, "meter": meter, "tallies": tallies, "lateness": lateness}
 
