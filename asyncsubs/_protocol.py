@@ -18,8 +18,8 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
 import attrs
-import orjson
 
+from . import _json
 from ._version import __version__
 from .errors import (
     APIError,
@@ -52,6 +52,7 @@ USER_AGENT: Final = f"asyncsubs/{__version__}"
 SUCCESS_CODE: Final = "SUCCESS"
 _VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
 _LOOPBACK_HOSTS: Final = frozenset({"localhost", "::1"})
+_SCHEME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
 
 
 @attrs.frozen
@@ -103,23 +104,51 @@ def is_loopback(host: str) -> bool:
     return host in _LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: scheme and host only, anything before an ``@`` masked;
+    nothing of a value that does not look like a URL (a token pasted as base_url)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SCHEME_RE.fullmatch(scheme):
+        return "a value that is not a URL (not shown)"
+    _, at, rest = rest.rpartition("@")
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return repr(f"{scheme}://{'***@' if at else ''}{host}")
+
+
 def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False) -> str:
-    """``{base_url}/admin/{version}/``, validated. Raises ConfigError."""
+    """``{base_url}/admin/{version}/``, validated. Raises ConfigError, which never shows the
+    URL's credentials, query or path."""
     if not isinstance(base_url, str) or not base_url.strip():
         raise ConfigError("base_url is required (or set ASYNCSUBS_BASE_URL)")
     if not isinstance(version, str) or not _VERSION_RE.match(version):
         raise ConfigError(f"version must look like '2026-04', got {version!r}")
-    parts = urlsplit(base_url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"base_url must be an http(s) URL with a host, got {base_url!r}")
+    url = base_url.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port that is not 0-65535
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ConfigError(
+            "base_url is not a valid URL (check the port, 1-65535, and any [IPv6] brackets): "
+            f"got {shown_url(url)}"
+        )
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        raise ConfigError(
+            f"base_url must be an http(s) URL with a host, like https://subs.example: "
+            f"got {shown_url(url)}"
+        )
+    if not host.isprintable() or " " in host:
+        raise ConfigError(f"base_url's host has spaces or control characters: {shown_url(url)}")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise ConfigError("base_url must not carry a query, fragment or credentials")
-    if parts.scheme == "http" and not allow_insecure and not is_loopback(parts.hostname):
+    if parts.scheme == "http" and not allow_insecure and not is_loopback(host):
         raise ConfigError(
             "plain http:// would send the token unencrypted; use https:// "
             "(or allow_insecure=True for a trusted network)"
         )
-    return f"{base_url.strip().rstrip('/')}/admin/{version}/"
+    return f"{url.rstrip('/')}/admin/{version}/"
 
 
 def check_token(token: object) -> str:
@@ -164,6 +193,17 @@ def _query_value(value: Any) -> str:
     raise ConfigError(f"query parameter values must be str, int, float or bool, got {value!r}")
 
 
+def encode_json(value: Any) -> bytes:
+    """A request's JSON body; ConfigError for a value JSON cannot carry."""
+    try:
+        return _json.dumps(value)
+    except TypeError as exc:
+        raise ConfigError(
+            f"json= cannot be sent as JSON ({exc}); pass dicts with str keys, lists, str, "
+            "int, float, bool or None"
+        ) from None
+
+
 def request_headers(token: str, user_agent: str = USER_AGENT) -> Mapping[str, str]:
     """The headers of every request of a client (read-only: transports copy them)."""
     return MappingProxyType(
@@ -195,7 +235,7 @@ def build_request(
         query = [(str(k), _query_value(v)) for k, v in params.items() if v is not None]
         if query:
             url = f"{url}?{urlencode(query)}"
-    body = None if json is None else orjson.dumps(json)
+    body = None if json is None else encode_json(json)
     if headers is None:
         headers = request_headers(token, user_agent)
     return Request(method=method, url=url, path=path, headers=headers, body=body)
@@ -274,8 +314,8 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
 def _decode(method: str, path: str, raw: RawResponse) -> Any:
     try:
-        return orjson.loads(raw.body)
-    except orjson.JSONDecodeError:
+        return _json.loads(raw.body)
+    except ValueError:
         kind = "an empty body" if not raw.body else "a body that is not valid JSON"
         raise ProtocolError(
             f"{method} {path}: HTTP {raw.status} with {kind}: {excerpt(raw.body)!r}",
@@ -288,9 +328,16 @@ def _decode(method: str, path: str, raw: RawResponse) -> Any:
 
 
 def _str_or_none(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else str(value)
+    """A ``code`` or ``message`` as text: a structured value as compact JSON, or None when it
+    nests too deeply to encode (``str()`` of a value nested a thousand deep overflows)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        try:
+            return _json.dumps(value).decode()
+        except TypeError:
+            return None
+    return str(value)
 
 
 def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIError:
@@ -347,8 +394,8 @@ def _check_answer(method: str, path: str, raw: RawResponse) -> Any:
         )
     if not 200 <= raw.status < 300:
         try:
-            decoded = orjson.loads(raw.body) if raw.body else None
-        except orjson.JSONDecodeError:
+            decoded = _json.loads(raw.body) if raw.body else None
+        except ValueError:
             decoded = None
         raise _api_error(method, path, raw, decoded)
     if raw.status == 204 or (not raw.body and method != "GET"):
@@ -400,6 +447,4 @@ def parse_page(method: str, path: str, raw: RawResponse) -> PageEnvelope:
         raise _envelope_error(method, path, raw, "'pageInfo.nextCursor' is not a string")
     if has_next and not next_cursor:
         raise _envelope_error(method, path, raw, "'hasNextPage' is true but there is no nextCursor")
-    if has_next and not data:
-        raise _envelope_error(method, path, raw, "an empty page claims that more records follow")
     return PageEnvelope(data=data, has_next_page=has_next, next_cursor=next_cursor or None)

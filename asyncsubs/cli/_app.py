@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
-import orjson
-
+from .. import _json
 from .._client import BASE_URL_ENV, TOKEN_ENV, AdminClient
 from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
 from .._pagination import DEFAULT_PREFETCH
@@ -359,12 +358,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         records = page.data
                         if args.limit is not None:
                             records = records[: args.limit - written]
-                        # orjson writes the record back as it was sent (same keys, order, values).
-                        out.write(
-                            b"".join(
-                                orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in records
-                            )
-                        )
+                        # Each record as it was sent (same keys, order, values; integers exact).
+                        out.write(b"".join(_json.dumps(r) + b"\n" for r in records))
                         out.flush()
                         written += len(records)
                         tracker.page(row, len(records))

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import attrs
-import orjson
 
+from .. import _json
 from .._client import AdminClient
 from ..errors import AsyncSubsError, BadRequestError, ProtocolError
 from ._config_file import RESOURCES, Incremental, StoreConfig
@@ -149,7 +149,7 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    return orjson.dumps(value).decode()
+    return _json.dumps(value).decode()
 
 
 def _field(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
@@ -178,17 +178,17 @@ def _row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, .
         store,
         _text(record["id"]),
         *(_field(record, names) for _, names in _COLUMNS),
-        orjson.dumps(record).decode(),
+        _json.dumps(record).decode(),
         now,
     )
 
 
 def _dump(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(value).decode()
+    return None if value is None else _json.dumps(value).decode()
 
 
 def _load(value: str | None) -> Any:
-    return None if value is None else orjson.loads(value)
+    return None if value is None else _json.loads(value)
 
 
 @attrs.frozen
