@@ -5,8 +5,11 @@
 3. The next request passes pageInfo.nextCursor as afterCursor.
 4. Repeat until pageInfo.hasNextPage is false.
 
-A cursor that repeats would loop forever, so it raises ProtocolError. A failed page fetch is
-retried (by the client) with the same cursor, so no record is skipped or yielded twice.
+A cursor that repeats would loop forever, so it raises ProtocolError. An empty page that says
+more records follow is allowed (a filtered scan may pass stretches with no match), but only
+``max_empty_pages`` in a row: a server that hands out fresh cursors to empty pages forever is
+stopped too. A failed page fetch is retried (by the client) with the same cursor, so no record
+is skipped or yielded twice.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ AFTER_CURSOR: Final = "afterCursor"
 #: Pages fetched ahead of the consumer by default: overlaps one network wait with the caller's
 #: work on the current page, for at most one extra page in memory.
 DEFAULT_PREFETCH: Final = 1
+#: Empty pages in a row (each claiming that more records follow) before a pull gives up: 250,000
+#: records of a filtered scan without a match at 250 a page.
+DEFAULT_MAX_EMPTY_PAGES: Final = 1_000
 
 
 def _check_page_size(page_size: object) -> int | None:
@@ -74,8 +80,10 @@ class ListCall(Generic[T]):
         params: dict[str, Any],
         structure: Callable[[Any], T] | None,
         prefetch: int = DEFAULT_PREFETCH,
+        max_empty_pages: int = DEFAULT_MAX_EMPTY_PAGES,
     ) -> None:
         self._prefetch = prefetch
+        self._max_empty_pages = max_empty_pages
         self._client = client
         self._path = path
         self._page_size = page_size
@@ -131,6 +139,7 @@ class ListCall(Generic[T]):
     ) -> AsyncIterator[Page[T]]:
         cursor = self._after_cursor
         seen: set[str] = set() if cursor is None else {cursor}
+        empty_in_a_row = 0
         query = dict(self._params)
         if self._page_size is not None:
             query[PAGE_SIZE] = self._page_size
@@ -154,6 +163,15 @@ class ListCall(Generic[T]):
                         path=self._path,
                     )
                 seen.add(next_cursor)
+                empty_in_a_row = 0 if envelope.data else empty_in_a_row + 1
+                if empty_in_a_row > self._max_empty_pages:
+                    raise ProtocolError(
+                        f"GET {self._path}: {empty_in_a_row} empty pages in a row, each claiming "
+                        "that more records follow; stopping (pass a larger max_empty_pages= "
+                        "for a sparse filter over a very large store)",
+                        method="GET",
+                        path=self._path,
+                    )
             records = structure_records(
                 envelope.data, self._structure, method="GET", path=self._path
             )
@@ -192,6 +210,7 @@ class ListEndpoint(Generic[T]):
         params: Mapping[str, Any] | None = None,
         model: type[Any] | None = None,
         prefetch: int = DEFAULT_PREFETCH,
+        max_empty_pages: int = DEFAULT_MAX_EMPTY_PAGES,
     ) -> ListCall[Any]:
         """Records of this endpoint, fetched page by page.
 
@@ -200,9 +219,12 @@ class ListEndpoint(Generic[T]):
         - ``params``: extra query parameters passed through (e.g. ``{"status": "ACTIVE"}``).
         - ``model``: ``dict`` for plain dicts (no structuring cost), or any attrs class.
         - ``prefetch``: pages fetched ahead while you work on the current one (0 = none).
+        - ``max_empty_pages``: empty pages in a row that claim more records follow before the
+          pull raises ProtocolError (0 = none allowed).
         """
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ConfigError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        for name, value in (("prefetch", prefetch), ("max_empty_pages", max_empty_pages)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
             raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
         return ListCall(
@@ -213,4 +235,5 @@ class ListEndpoint(Generic[T]):
             params=_check_params(params),
             structure=structurer_for(self.model if model is None else model),
             prefetch=prefetch,
+            max_empty_pages=max_empty_pages,
         )

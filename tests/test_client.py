@@ -243,6 +243,51 @@ async def test_cursor_loop_raises_protocol_error(
     assert len(seen) == 1  # the repeating page itself is never yielded
 
 
+def _page(data: list[Any], cursor: str | None) -> dict[str, Any]:
+    return {
+        "success": True,
+        "code": "SUCCESS",
+        "data": data,
+        "pageInfo": {"hasNextPage": cursor is not None, "nextCursor": cursor},
+    }
+
+
+async def test_empty_pages_that_promise_more_are_followed(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    for page in (_page([], "c1"), _page([], "c2"), _page([{"id": 7}], None)):
+        server.enqueue(200, page, path="orders")
+    async with make_client() as client:
+        pages = [p async for p in client.orders.list(model=dict).pages()]
+    assert [(p.cursor, len(p.data), p.next_cursor) for p in pages] == [
+        (None, 0, "c1"),
+        ("c1", 0, "c2"),
+        ("c2", 1, None),
+    ]
+
+
+async def test_empty_pages_in_a_row_are_bounded(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    pages = [_page([{"id": 1}], "a"), *(_page([], f"e{i}") for i in range(5))]
+    for page in pages:
+        server.enqueue(200, page, path="orders")
+    seen: list[Any] = []
+
+    async def consume(client: AdminClient) -> None:
+        async for page in client.orders.list(max_empty_pages=3, prefetch=0).pages():
+            seen.append(page)
+
+    async with make_client() as client:
+        with pytest.raises(errors.ProtocolError, match="4 empty pages in a row"):
+            await consume(client)
+        assert len(seen) == 4  # the page with a record, then three empty ones
+        server.clear_scripted()
+        server.enqueue(200, _page([], "same"), path="orders", times=2)
+        with pytest.raises(errors.ProtocolError, match="returned before"):
+            await ids_of(client.orders.list())
+
+
 async def test_resume_cursor_repeated_by_server_is_a_loop(
     server: FakeAdminServer, make_client: MakeClient
 ) -> None:
@@ -276,6 +321,8 @@ async def test_bad_page_size_before_any_request(
         {"params": ["status"]},
         {"after_cursor": ""},
         {"model": int},
+        {"max_empty_pages": -1},
+        {"max_empty_pages": 1.5},
     ],
 )
 async def test_bad_list_arguments(make_client: MakeClient, kwargs: dict[str, Any]) -> None:
