@@ -55,7 +55,7 @@ def is_retryable(exc: BaseException, request: Request, policy: RetryPolicy) -> b
     if isinstance(exc, APIError):
         return exc.status in policy.retry_statuses and may_repeat
     if isinstance(exc, TransportError):
-        return may_repeat or not exc.maybe_processed
+        return exc.transient and (may_repeat or not exc.maybe_processed)
     if isinstance(exc, ProtocolError):
         return exc.transient and may_repeat
     return False

@@ -14,14 +14,15 @@ new connection or a busy loop can hold a request back.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import aiohttp
 from aiohttp.tracing import Trace
 
 from ._protocol import RawResponse, Request
-from .errors import ProtocolError, TransportError
+from .errors import ProtocolError, TransportError, excerpt
 
 __all__ = [
     "AiohttpTransport",
@@ -30,8 +31,6 @@ __all__ = [
     "report_sent",
     "watch_sends",
 ]
-
-_CHUNK = 1 << 16
 
 #: Task -> what to call once the request it is sending is written; set by the client around
 #: ``Transport.send``. Keyed by task, not held in a ContextVar: with a context variable set and
@@ -100,6 +99,67 @@ class SendReportingConnector(aiohttp.TCPConnector):
         return conn
 
 
+#: OpenSSL's reasons for a handshake answered by something that does not speak TLS.
+_NOT_TLS_REASONS: Final = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
+)
+
+
+def _transport_error(exc: aiohttp.ClientError, request: Request) -> TransportError:
+    """The TransportError for an aiohttp failure: a description of it, never the exception
+    itself (see ``send``). Failures another attempt cannot fix are marked not transient."""
+    where = f"{request.method} {request.path}"
+    kwargs: dict[str, Any] = {"method": request.method, "path": request.path}
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        cert_error = exc.certificate_error
+        why = getattr(cert_error, "verify_message", None) or type(cert_error).__name__
+        return TransportError(
+            f"{where}: the server's TLS certificate failed verification ({why}); check the host "
+            "in base_url, or trust the server's CA (pass a session whose connector has an "
+            "ssl context with it)",
+            maybe_processed=False,
+            transient=False,
+            **kwargs,
+        )
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # The connection was never made: the server cannot have seen the request.
+        os_error = exc.os_error
+        if isinstance(os_error, ssl.SSLError) and not isinstance(
+            os_error, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError
+        ):
+            reason = os_error.reason or type(os_error).__name__
+            hint = (
+                "the server does not speak TLS there: is base_url https:// for a plain-http "
+                "port? (use the https port, or http:// where allowed)"
+                if reason in _NOT_TLS_REASONS
+                else "check base_url's scheme and port"
+            )
+            return TransportError(
+                f"{where}: TLS handshake failed ({reason}); {hint}",
+                maybe_processed=False,
+                transient=False,
+                **kwargs,
+            )
+        return TransportError(
+            f"{where}: cannot connect: {exc.strerror or type(exc).__name__}",
+            maybe_processed=False,
+            **kwargs,
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return TransportError(
+            f"{where}: aiohttp refuses the URL as invalid; check base_url's host",
+            maybe_processed=False,
+            transient=False,
+            **kwargs,
+        )
+    # A ClientResponseError's str() is safe (its repr and args are not); the message is
+    # aiohttp's description of what the server sent.
+    detail = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    return TransportError(
+        f"{where}: connection failed: {type(exc).__name__}: {excerpt(detail)}", **kwargs
+    )
+
+
 class AiohttpTransport:
     """Sends requests with an aiohttp ClientSession.
 
@@ -134,6 +194,7 @@ class AiohttpTransport:
         client_timeout = self._timeout
         if client_timeout is None or client_timeout.total != timeout:
             client_timeout = self._timeout = aiohttp.ClientTimeout(total=timeout)
+        failure: TransportError
         try:
             async with session.request(
                 request.method,
@@ -144,42 +205,32 @@ class AiohttpTransport:
                 raise_for_status=False,
                 timeout=client_timeout,
             ) as resp:
-                body = await self._read_body(resp, request)
+                # A HEAD's Content-Length is that of the body a GET would get; none follows.
+                body = b"" if request.method == "HEAD" else await self._read_body(resp, request)
                 headers = {k.lower(): v for k, v in resp.headers.items()}
                 return RawResponse(status=resp.status, headers=headers, body=body)
         except TimeoutError:
-            where = f"{request.method} {request.path}"
-            raise TransportError(
-                f"{where}: no complete response within {timeout:g}s",
+            failure = TransportError(
+                f"{request.method} {request.path}: no complete response within {timeout:g}s",
                 method=request.method,
                 path=request.path,
-            ) from None
-        except aiohttp.ClientConnectorError as exc:
-            where = f"{request.method} {request.path}"
-            # The connection was never made: the server cannot have seen the request.
-            raise TransportError(
-                f"{where}: cannot connect: {exc.strerror or type(exc).__name__}",
-                method=request.method,
-                path=request.path,
-                maybe_processed=False,
-            ) from exc
+            )
         except aiohttp.ClientError as exc:
-            where = f"{request.method} {request.path}"
-            raise TransportError(
-                f"{where}: connection failed: {type(exc).__name__}",
-                method=request.method,
-                path=request.path,
-            ) from exc
+            failure = _transport_error(exc, request)
+        # Raised here, not in the except clauses, so that the aiohttp exception is not even
+        # its __context__: aiohttp's exceptions carry the request, token header and all.
+        raise failure
 
     async def _read_body(self, resp: aiohttp.ClientResponse, request: Request) -> bytes:
+        # Content-Length counts the bytes on the wire, before decompression (a 255 KB gzip body
+        # may inflate to 256 MiB), so the decoded bytes are counted as they arrive; aiohttp
+        # inflates in bounded steps.
         length = resp.content_length
-        if length is not None and length <= self._max_bytes:
-            return await resp.read()
-        if length is not None:
+        if length is not None and length > self._max_bytes:
             raise self._too_large(resp, request, length)
         chunks: list[bytes] = []
         total = 0
-        async for chunk in resp.content.iter_chunked(_CHUNK):
+        async for chunk in resp.content.iter_any():
             total += len(chunk)
             if total > self._max_bytes:
                 raise self._too_large(resp, request, total)

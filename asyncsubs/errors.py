@@ -3,12 +3,15 @@
 ::
 
     AsyncSubsError
-    ├── ConfigError                bad token/base_url/limits/arguments (also a ValueError)
+    ├── ConfigError                bad token/base_url/limits/arguments, a closed client, a client
+    │                              used from another event loop (also a ValueError)
     ├── LimiterUnavailableError    the shared (Redis) rate limiter cannot be reached
-    ├── TransportError             connection/timeout failures once retries are spent
+    ├── TransportError             connection/timeout failures once retries are spent; at once
+    │                              when retrying cannot help (TLS, certificate, invalid URL)
     ├── ProtocolError              a response that breaks the contract: bad JSON, no envelope,
     │                              cursor loop, body too large
-    └── APIError                   the server answered with an error: .status .code .message .body
+    └── APIError                   the server answered with an error: .status .code .message
+        │                          .body .headers .request_id
         ├── BadRequestError            400/422
         ├── AuthenticationError        401
         │   └── PermissionDeniedError  403
@@ -18,11 +21,14 @@
 
 No other exception type escapes the client for a bad response. Messages name the HTTP method and
 the request path (relative to the versioned base URL) and never contain the token: the token is
-never passed to any of these constructors.
+never passed to any of these constructors, and no exception of the HTTP library is chained to them
+(aiohttp's carry the request, headers and all, in their arguments), only a description of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
@@ -57,7 +63,8 @@ class AsyncSubsError(Exception):
     """Base class of every asyncsubs error.
 
     ``attempts`` is how many attempts were made before the error was raised (1 when the request
-    was not retried); the last underlying cause, if any, is chained as ``__cause__``.
+    was not retried). The message describes the underlying failure; an HTTP library's exception
+    is never chained (see the module docstring).
     """
 
     attempts: int = 1
@@ -72,19 +79,28 @@ class LimiterUnavailableError(AsyncSubsError):
 
 
 class TransportError(AsyncSubsError):
-    """The request did not get a (whole) response: connection refused/reset, DNS, or timeout.
+    """The request did not get a (whole) response: connection refused/reset, DNS, timeout, TLS.
 
     ``maybe_processed`` is False only when the request provably never reached the server
-    (connection refused, DNS failure), which makes even a POST safe to retry.
+    (connection refused, DNS failure), which makes even a POST safe to retry. ``transient`` is
+    False when another attempt cannot help (a TLS handshake with a plain-http port, a
+    certificate that fails verification): such errors are raised at the first attempt.
     """
 
     def __init__(
-        self, message: str, *, method: str = "", path: str = "", maybe_processed: bool = True
+        self,
+        message: str,
+        *,
+        method: str = "",
+        path: str = "",
+        maybe_processed: bool = True,
+        transient: bool = True,
     ) -> None:
         super().__init__(message)
         self.method = method
         self.path = path
         self.maybe_processed = maybe_processed
+        self.transient = transient
 
 
 class ProtocolError(AsyncSubsError):
@@ -113,6 +129,9 @@ class APIError(AsyncSubsError):
     """The server answered with an error (non-2xx status, or ``success`` false).
 
     ``body`` is the decoded JSON body when it was JSON, else a short excerpt of the text.
+    ``headers`` are the response's headers (names lower-cased; nothing of the request's), and
+    ``request_id`` the server's id for the request (``X-Request-Id`` or a similar header) when it
+    sent one: what the service's support asks for.
     """
 
     def __init__(
@@ -125,6 +144,8 @@ class APIError(AsyncSubsError):
         body: Any,
         method: str = "",
         path: str = "",
+        headers: Mapping[str, str] | None = None,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -133,6 +154,8 @@ class APIError(AsyncSubsError):
         self.body = body
         self.method = method
         self.path = path
+        self.headers: Mapping[str, str] = MappingProxyType({}) if headers is None else headers
+        self.request_id = request_id
 
 
 class BadRequestError(APIError):

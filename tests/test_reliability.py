@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
+from hostile import WireServer, places_holding, untrusted_tls_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,7 +65,7 @@ async def test_connection_refused_is_retried_even_for_post() -> None:
             await client.request("POST", "subscriptions/1/pause", json={})
     assert info.value.attempts == 3
     assert not info.value.maybe_processed
-    assert info.value.__cause__ is not None
+    assert info.value.transient
 
 
 async def test_post_not_retried_after_a_5xx_unless_opted_in(
@@ -332,3 +334,118 @@ def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
         loop.run_until_complete(client.aclose())
         loop.run_until_complete(server.close())
         loop.close()
+
+
+CANARY = "CANARY-token-5b1f0e"
+_OK = b'{"success": true, "data": null}'
+
+
+def _http(status: str, body: bytes = b"", *headers: bytes) -> bytes:
+    head = [b"HTTP/1.1 " + status.encode(), *headers]
+    if not any(h.lower().startswith(b"content-length") for h in headers):
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+#: Wire-level answers, each a different way for a response to be broken or an error.
+_WIRE_ANSWERS = {
+    "bad Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\nxx",
+    "bad status line": b"HTTZ/1.1 200\r\n\r\n",
+    "bad chunking": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx",
+    "NUL in a header": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\nxx",
+    "truncated body": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nxx",
+    "not HTTP": b"\x16\x03\x01\x00\xff garbage\r\n\r\n",
+    "closed at once": b"",
+    "401": _http("401 Unauthorized", b'{"success": false, "code": "UNAUTHORIZED"}'),
+    "429": _http("429 Too Many Requests", b"{}", b"Retry-After: 0"),
+    "503 html": _http("503 Unavailable", b"<html>down</html>", b"X-Request-Id: r-1"),
+    "bad JSON": _http("200 OK", b'{"success": tr'),
+    "bad envelope": _http("200 OK", b'{"success": "yes"}'),
+    "redirect": _http("302 Found", b"", b"Location: http://127.0.0.1:9/steal"),
+    "too large": _http("200 OK", b'{"x": "' + b"y" * 2_000 + b'"}'),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_WIRE_ANSWERS))
+async def test_no_error_carries_the_token_anywhere_in_its_chain(
+    make_client: MakeClient, kind: str
+) -> None:
+    async with (
+        WireServer(lambda _: _WIRE_ANSWERS[kind]) as wire,
+        make_client(
+            token=CANARY,
+            base_url=wire.base_url,
+            retry=RetryPolicy(max_attempts=2),
+            max_response_bytes=1_000,
+        ) as client,
+    ):
+        with pytest.raises(errors.AsyncSubsError) as info:
+            await client.request("GET", "subscriptions/1")
+    assert CANARY.encode() in wire.requests[0]  # the token was sent, and still is nowhere:
+    assert places_holding(info.value, CANARY) == []
+
+
+async def test_no_error_of_the_connection_itself_carries_the_token(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    hanging = WireServer(lambda _: None)
+    async with hanging, untrusted_tls_server() as untrusted:
+        for base_url in (
+            refused,
+            hanging.base_url,
+            server.base_url.replace("http://", "https://"),
+            untrusted,
+        ):
+            client = make_client(token=CANARY, base_url=base_url, timeout=0.2)
+            async with client:
+                with pytest.raises(errors.TransportError) as info:
+                    await client.request("POST", "subscriptions/1/pause", json={})
+            assert places_holding(info.value, CANARY) == [], base_url
+        with pytest.raises(errors.ConfigError) as closed:
+            await client.request("GET", "subscriptions/1")
+        assert places_holding(closed.value, CANARY) == []
+
+
+async def test_hopeless_connection_errors_fail_at_the_first_attempt(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    async with untrusted_tls_server() as untrusted:
+        cases = [
+            (server.base_url.replace("http://", "https://"), r"https:// for a plain-http port"),
+            (untrusted, "certificate failed verification .*certificate"),
+            ("http://[::1]x", "invalid"),
+        ]
+        for base_url, cause in cases:
+            async with make_client(base_url=base_url, retry=RetryPolicy(max_attempts=5)) as client:
+                with pytest.raises(errors.TransportError, match=cause) as info:
+                    await client.request("GET", "subscriptions/1")
+            assert info.value.attempts == 1
+            assert not info.value.transient
+
+
+async def test_decompressed_size_is_capped(make_client: MakeClient) -> None:
+    inflated = b'{"success": true, "data": "' + b"0" * (16 << 20) + b'"}'
+    bomb = gzip.compress(inflated, compresslevel=1)
+    assert len(bomb) < 100_000
+    answer = _http("200 OK", bomb, b"Content-Encoding: gzip", b"Content-Type: application/json")
+    wire = WireServer(lambda _: answer)
+    async with wire, make_client(base_url=wire.base_url, max_response_bytes=1 << 20) as client:
+        with pytest.raises(errors.ProtocolError, match="exceeds max_response_bytes"):
+            await client.request("GET", "subscriptions/1")
+        small = _http("200 OK", gzip.compress(_OK), b"Content-Encoding: gzip")
+        wire.answer = lambda _: small
+        assert (await client.request("GET", "subscriptions/1")).status == 200
+
+
+async def test_head_with_a_large_content_length_has_no_body_to_refuse(
+    make_client: MakeClient,
+) -> None:
+    answer = _http("200 OK", b"", b"Content-Length: 999999999", b"X-Request-Id: req-9")
+    wire = WireServer(lambda _: answer)
+    async with wire, make_client(base_url=wire.base_url, max_response_bytes=1_000) as client:
+        resp = await client.request("HEAD", "subscriptions/1")
+    assert (resp.status, resp.data) == (200, None)
+    assert wire.requests[0].startswith(b"HEAD ")
