@@ -81,13 +81,15 @@ class RawResponse:
 
 @attrs.frozen
 class Response:
-    """A successful answer from ``AdminClient.request``."""
+    """A successful answer from ``AdminClient.request``. ``headers`` are the response's (names
+    lower-cased), ``request_id`` the server's id for the request when it sent one."""
 
     status: int
     data: Any
     message: str | None
     code: str | None
     headers: Mapping[str, str] = attrs.field(repr=False, factory=dict)
+    request_id: str | None = None
 
 
 @attrs.frozen
@@ -97,6 +99,19 @@ class PageEnvelope:
     data: list[Any]
     has_next_page: bool
     next_cursor: str | None
+
+
+#: Response headers that carry the server's id for a request, most specific first.
+REQUEST_ID_HEADERS: Final = ("x-request-id", "request-id", "x-correlation-id", "x-trace-id")
+
+
+def request_id_in(headers: Mapping[str, str]) -> str | None:
+    """The server's id for the request (what its support asks for), if a header carries one."""
+    for name in REQUEST_ID_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
 
 
 def is_loopback(host: str) -> bool:
@@ -357,6 +372,9 @@ def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIErr
     hint = _HINTS.get(cls)
     if hint and (message is None or "API Tokens" not in message):
         text += f" ({hint})"
+    rid = request_id_in(raw.headers)
+    if rid:
+        text += f" [request id {excerpt(rid, 100)}]"
     kwargs: dict[str, Any] = {
         "status": raw.status,
         "code": code,
@@ -364,6 +382,8 @@ def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIErr
         "body": body,
         "method": method,
         "path": path,
+        "headers": MappingProxyType(raw.headers),
+        "request_id": rid,
     }
     if cls is RateLimitError:
         retry_after = parse_retry_after(raw.headers.get("retry-after"))
@@ -422,8 +442,16 @@ def parse_response(method: str, path: str, raw: RawResponse) -> Response:
             message=_str_or_none(decoded.get("message")),
             code=_str_or_none(decoded.get("code")),
             headers=raw.headers,
+            request_id=request_id_in(raw.headers),
         )
-    return Response(status=raw.status, data=decoded, message=None, code=None, headers=raw.headers)
+    return Response(
+        status=raw.status,
+        data=decoded,
+        message=None,
+        code=None,
+        headers=raw.headers,
+        request_id=request_id_in(raw.headers),
+    )
 
 
 def parse_page(method: str, path: str, raw: RawResponse) -> PageEnvelope:

@@ -312,3 +312,22 @@ def test_error_body_nested_beyond_the_recursion_limit_is_an_api_error(field: str
     assert str(info.value).startswith("GET x: HTTP 400")
     shallow = parse_response("GET", "x", raw(200, {"success": True, "code": {"a": [1]}}))
     assert shallow.code == '{"a":[1]}'
+
+
+def test_errors_and_responses_carry_response_headers_and_request_id() -> None:
+    headers = {"x-request-id": "req-42", "retry-after": "3", "content-type": "text/html"}
+    with pytest.raises(errors.ServerError) as info:
+        parse_response("GET", "x", raw(503, b"<html>down</html>", headers))
+    assert info.value.request_id == "req-42"
+    assert "[request id req-42]" in str(info.value)
+    assert dict(info.value.headers) == headers
+    with pytest.raises(errors.RateLimitError) as limited:
+        parse_response("GET", "x", raw(429, {}, {"request-id": "r-7"}))
+    assert (limited.value.request_id, limited.value.retry_after) == ("r-7", None)
+    ok = parse_response("GET", "x", raw(200, envelope({"id": 1}), {"x-correlation-id": "c-1"}))
+    assert (ok.request_id, ok.headers["x-correlation-id"]) == ("c-1", "c-1")
+    plain = parse_response("GET", "x", raw(200, {"id": 1}))
+    assert plain.request_id is None
+    with pytest.raises(errors.NotFoundError) as missing:
+        parse_response("GET", "x", raw(404, {}))
+    assert (missing.value.request_id, dict(missing.value.headers)) == (None, {})
