@@ -115,6 +115,9 @@ class AdminClient:
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
         self._headers = request_headers(self._token, self._user_agent)
         self._closed = False
+        # The event loop of the first request: the session, the limiter's futures and timers
+        # belong to it, and another loop would meet them with RuntimeErrors.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
             self, "subscriptions", Subscription
         )
@@ -148,7 +151,8 @@ class AdminClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the client's own HTTP session (a session passed in is left open)."""
+        """Close the client's own HTTP session (a session passed in is left open). A request
+        still waiting then ends in ConfigError; none opens a new session."""
         self._closed = True
         await self._transport.aclose()
 
@@ -185,8 +189,8 @@ class AdminClient:
         json: Any = None,
     ) -> Response:
         """Send any request (rate-limited and retried per policy); return the parsed answer."""
-        if not isinstance(method, str) or not method.isalpha():
-            raise ConfigError(f"method must be an HTTP method name, got {method!r}")
+        if not isinstance(method, str) or not (method.isascii() and method.isalpha()):
+            raise ConfigError(f"method must be an HTTP method name like 'GET', got {method!r}")
         return await self._call(method.upper(), clean_path(path), params, json, parse_response)
 
     async def _get_page(self, path: str, params: Mapping[str, Any]) -> PageEnvelope:
@@ -202,6 +206,14 @@ class AdminClient:
     ) -> T:
         if self._closed:
             raise ConfigError("the client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:
+                raise ConfigError(
+                    "this AdminClient is bound to the event loop of its first request; create "
+                    "one client per event loop (or thread)"
+                )
+            self._loop = loop
         request = build_request(
             self._base,
             self._token,
@@ -232,6 +244,8 @@ class AdminClient:
         if number > 1:
             limiter.record_retry(pool)
         async with limiter.slot(pool, reports_sends=self._reports_sends) as start:
+            if self._closed:  # aclose() ran while this request waited: no new session
+                raise ConfigError("the client was closed while this request waited")
             with watch_sends(start.sent):
                 raw = await self._transport.send(request, timeout=self.timeout)
         if raw.status == 429:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Any
 import aiohttp
 import attrs
 import pytest
+from hostile import WireServer
 
 import asyncsubs
 from asyncsubs import AdminClient, Limits, errors
@@ -418,3 +420,52 @@ def test_stats_before_any_request_outside_a_loop() -> None:
     counters = (stats.requests, stats.rate_limited, stats.retries, stats.in_flight)
     assert counters == (0, 0, 0, 0)
     assert stats.max_in_flight == 7
+
+
+async def test_requests_caught_by_aclose_open_no_new_session(make_client: MakeClient) -> None:
+    arrived = asyncio.Event()
+    wire = WireServer(lambda _: arrived.set())  # never answers
+    async with wire:
+        client = make_client(base_url=wire.base_url, timeout=2.0, limits=Limits(max_in_flight=1))
+        in_flight = asyncio.create_task(client.request("GET", "subscriptions/1"))
+        queued = asyncio.create_task(client.request("GET", "subscriptions/2"))
+        await arrived.wait()
+        await client.aclose()
+        results = await asyncio.gather(in_flight, queued, return_exceptions=True)
+    # The request on the closing session failed there; its retry and the queued request met
+    # the closed client instead of opening a session nothing would close.
+    assert [type(r) for r in results] == [errors.ConfigError, errors.ConfigError]
+    assert client._transport._session is None  # type: ignore[attr-defined]
+    assert len(wire.requests) == 1
+
+
+async def test_a_client_used_from_a_second_event_loop_says_so(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    path = f"subscriptions/{client_first_id(server)}"
+    async with make_client() as client:
+        assert (await client.request("GET", path)).status == 200
+
+        def from_another_thread() -> object:
+            return asyncio.run(asyncio.wait_for(client.request("GET", path), 5))
+
+        with pytest.raises(errors.ConfigError, match="one client per event loop"):
+            await asyncio.to_thread(from_another_thread)
+        assert (await client.request("GET", path)).status == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "json"),
+    [("GÉT", None), ("GET /x", None), ("POST", {1: 2}), ("POST", object()), ("POST", [{"a": {2}}])],
+)
+async def test_misuse_is_a_config_error(make_client: MakeClient, method: str, json: Any) -> None:
+    async with make_client() as client:
+        with pytest.raises(errors.ConfigError, match=r"method name|cannot be sent as JSON"):
+            await client.request(method, "subscriptions/1", json=json)
+
+
+async def test_json_body_integers_beyond_64_bits_are_sent_exactly(make_client: MakeClient) -> None:
+    wire = WireServer(lambda _: b"HTTP/1.1 204 No Content\r\n\r\n")
+    async with wire, make_client(base_url=wire.base_url) as client:
+        await client.request("POST", "subscriptions/1/pause", json={"id": 2**64 + 1})
+    assert wire.requests[0].endswith(b'{"id":18446744073709551617}')
