@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gzip
 import socket
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from hostile import WireServer, places_holding, untrusted_tls_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
+from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, _json, errors
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, Faults
 
 MakeClient = Callable[..., AdminClient]
@@ -449,3 +450,135 @@ async def test_head_with_a_large_content_length_has_no_body_to_refuse(
         resp = await client.request("HEAD", "subscriptions/1")
     assert (resp.status, resp.data) == (200, None)
     assert wire.requests[0].startswith(b"HEAD ")
+
+
+_DEEP = b"[" * 1_000 + b"]" * 1_000
+_wire_bodies = st.one_of(
+    _bodies.map(lambda b: b if isinstance(b, bytes) else _json.dumps(b)),
+    st.sampled_from(
+        [
+            b'{"success": false, "code": ' + _DEEP + b', "message": ' + _DEEP + b"}",
+            b'{"success": true, "data": [' + _DEEP + b"]}",
+            b'{"success": true, "data": [{"id": 18446744073709551617}],'
+            b' "pageInfo": {"hasNextPage": true, "nextCursor": "c"}}',
+            b'{"success": true, "data": [], "pageInfo": {"hasNextPage": true, "nextCursor": "c"}}',
+        ]
+    ),
+)
+_status_lines = st.one_of(
+    st.sampled_from([b"HTTP/1.1 %d X" % s for s in (*_STATUSES, 100, 304, 599)]),
+    st.sampled_from([b"HTTP/1.0 200 OK", b"HTTP/1.1 999 X", b"HTTP/1.1 abc", b"HTTZ/1.1 200", b""]),
+)
+_extra_headers = st.tuples(
+    st.lists(
+        st.sampled_from(
+            [
+                b"Retry-After: 1e308",
+                b"Retry-After: -5",
+                b"Retry-After: Wed, 21 Oct 2015 07:28:00 GMT",
+                b"Location: http://127.0.0.1:9/steal",
+                b"Content-Type: text/html; charset=utf-9",
+                b"X-Request-Id: " + b"r" * 500,
+            ]
+        ),
+        max_size=3,
+    ),
+    st.sampled_from(
+        [
+            [],
+            [],
+            [b"X-Request-Id: r\x00"],
+            [b"X-Bad\x00Name: 1"],
+            [b"Content-Length: 1"],
+            [b"Transfer-Encoding: gzip"],
+            [b"no colon here"],
+        ]
+    ),
+).map(lambda pair: pair[0] + pair[1])
+
+
+def _framed(body: bytes, framing: str, encoding: str | None) -> tuple[list[bytes], bytes]:
+    """Headers and payload putting ``body`` on the wire in one of many (mostly broken) ways."""
+    headers = []
+    if encoding == "gzip":
+        body = gzip.compress(body)
+    elif encoding == "deflate":
+        body = zlib.compress(body)
+    if encoding is not None:
+        headers.append(b"Content-Encoding: " + encoding.encode())
+    if framing == "length":
+        return [*headers, b"Content-Length: %d" % len(body)], body
+    if framing == "long length":
+        return [*headers, b"Content-Length: %d" % (len(body) + 5)], body
+    if framing == "bad length":
+        return [*headers, b"Content-Length: 1x"], body
+    if framing == "chunked":
+        chunk = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+        return [*headers, b"Transfer-Encoding: chunked"], chunk + b"0\r\n\r\n"
+    if framing == "bad chunks":
+        return [*headers, b"Transfer-Encoding: chunked"], b"zz\r\n" + body
+    return headers, body  # read to the close
+
+
+def test_wire_level_hostile_answers_raise_only_asyncsubs_errors_without_the_token() -> None:
+    """Generated raw answers (status lines, headers, framings, encodings, bodies): every call
+    ends in time with a value or an asyncsubs error, and no error holds the token anywhere."""
+    loop = asyncio.new_event_loop()
+    wire = WireServer(lambda _: b"")
+    loop.run_until_complete(wire.__aenter__())
+    client = AdminClient(
+        token=CANARY,
+        base_url=wire.base_url,
+        timeout=1.0,
+        retry=RetryPolicy(max_attempts=2),
+        max_response_bytes=4_096,
+        limits=Limits(global_rate=Rate(100_000), heavy={"subscriptions": Rate(100_000)}),
+    )
+
+    async def one_call(kind: int) -> None:
+        if kind == 0:
+            await client.request("GET", "subscriptions/1")
+        elif kind == 1:
+            await client.request("POST", "subscriptions/1/pause", json={"id": 2**70})
+        elif kind == 2:
+            await client.request("HEAD", "subscriptions/1")
+        else:
+            async for _ in client.list_endpoint("subscriptions").list(page_size=2):
+                pass
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        status_line=_status_lines,
+        headers=_extra_headers,
+        body=_wire_bodies,
+        framing=st.sampled_from(
+            ["length", "long length", "bad length", "chunked", "bad chunks", "close"]
+        ),
+        encoding=st.sampled_from([None, None, "gzip", "deflate", "br"]),
+        kind=st.integers(0, 3),
+    )
+    def check(
+        status_line: bytes,
+        headers: list[bytes],
+        body: bytes,
+        framing: str,
+        encoding: str | None,
+        kind: int,
+    ) -> None:
+        framing_headers, payload = _framed(body, framing, encoding)
+        answer = b"\r\n".join([status_line, *headers, *framing_headers]) + b"\r\n\r\n" + payload
+        wire.answer = lambda _: answer
+        failure: errors.AsyncSubsError | None = None
+        try:
+            loop.run_until_complete(asyncio.wait_for(one_call(kind), timeout=10))
+        except errors.AsyncSubsError as exc:
+            failure = exc
+        if failure is not None:
+            assert places_holding(failure, CANARY) == []
+
+    try:
+        check()
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(wire.__aexit__())
+        loop.close()
