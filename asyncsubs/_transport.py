@@ -183,7 +183,9 @@ class AiohttpTransport:
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             if not self._owns_session:
-                raise TransportError("the aiohttp session passed to the client is closed")
+                raise TransportError(
+                    "the aiohttp session passed to the client is closed", transient=False
+                )
             # Concurrency is capped per store by the limiter, not by the connector.
             connector = SendReportingConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=connector)

@@ -376,6 +376,17 @@ async def test_shared_session_is_not_closed(
             assert len(await ids_of(again.customers.list(page_size=250))) == 1_000
 
 
+async def test_a_closed_shared_session_fails_at_once(make_client: MakeClient) -> None:
+    session = aiohttp.ClientSession()
+    await session.close()
+    async with make_client(session=session) as client:
+        with pytest.raises(
+            errors.TransportError, match="session passed to the client is closed"
+        ) as info:
+            await client.request("GET", "subscriptions/1")
+    assert info.value.attempts == 1
+
+
 async def test_closed_client_refuses(make_client: MakeClient) -> None:
     client = make_client()
     await client.aclose()
