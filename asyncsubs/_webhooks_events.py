@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import attrs
-import orjson
 
+from . import _json
 from ._webhooks_config import WebhookConfig
 
 __all__ = ["DedupeWindow", "EventParseError", "WebhookEvent", "parse_event", "supersedes"]
@@ -72,8 +72,8 @@ def parse_event(
 ) -> WebhookEvent:
     """Parse a delivery body (already verified); raises EventParseError."""
     try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        payload = _json.loads(body)  # ids beyond 64 bits stay exact
+    except ValueError as exc:
         raise EventParseError(f"body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):
         raise EventParseError("body must be a JSON object")

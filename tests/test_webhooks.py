@@ -326,6 +326,12 @@ def test_parse_event_without_an_id_uses_the_body_digest() -> None:
     assert parse_event(config, body).id == event.id
 
 
+def test_parse_event_keeps_ids_beyond_64_bits_exact() -> None:
+    body = b'{"id": "e1", "topic": "orders/update", "data": {"id": 18446744073709551617}}'
+    event = parse_event(WebhookConfig(SECRET), body)
+    assert event.record_id == 2**64 + 1
+
+
 # --- dedupe --------------------------------------------------------------------------------------
 
 
