@@ -277,3 +277,19 @@ def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None
     assert event_loop_factory() is uvloop.new_event_loop
     monkeypatch.setenv("ASYNCSUBS_LOOP", "asyncio")
     assert event_loop_factory() is None
+
+
+def test_pull_writes_integers_beyond_64_bits_exactly(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    page = (
+        b'{"success": true, "data": [{"id": 18446744073709551617}, {"id": 18446744073709551618}],'
+        b' "pageInfo": {"hasNextPage": false}}'
+    )
+    server.enqueue(200, page, path="orders")
+    out = tmp_path / "orders.jsonl"
+    try:
+        assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 0
+    finally:
+        server.clear_scripted()
+    assert out.read_bytes() == b'{"id":18446744073709551617}\n{"id":18446744073709551618}\n'
