@@ -115,8 +115,8 @@ def _transport_error(exc: aiohttp.ClientError, request: Request) -> TransportErr
         why = getattr(cert_error, "verify_message", None) or type(cert_error).__name__
         return TransportError(
             f"{where}: the server's TLS certificate failed verification ({why}); check the host "
-            "in base_url, or trust the server's CA (pass a session whose connector has an "
-            "ssl context with it)",
+            "in base_url, or trust the server's CA: session=aiohttp.ClientSession(connector="
+            "asyncsubs.SendReportingConnector(ssl=an_ssl_context_with_it))",
             maybe_processed=False,
             transient=False,
             **kwargs,

@@ -64,10 +64,11 @@ class WireServer:
 
 
 @contextlib.asynccontextmanager
-async def untrusted_tls_server() -> AsyncIterator[str]:
+async def untrusted_tls_server() -> AsyncIterator[tuple[str, trustme.CA]]:
     """An https:// base URL on loopback whose certificate (for 127.0.0.1) is signed by a CA no
-    client trusts."""
-    cert = trustme.CA().issue_cert("127.0.0.1")
+    client trusts unless told to; and that CA."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(context)
 
@@ -82,7 +83,7 @@ async def untrusted_tls_server() -> AsyncIterator[str]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"https://127.0.0.1:{port}"
+        yield f"https://127.0.0.1:{port}", ca
     finally:
         await runner.cleanup()
 

@@ -10,16 +10,19 @@ import asyncio
 import contextlib
 import gzip
 import socket
+import ssl
 import zlib
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from hostile import WireServer, places_holding, untrusted_tls_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import asyncsubs
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, _json, errors
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, Faults
 
@@ -393,7 +396,7 @@ async def test_no_error_of_the_connection_itself_carries_the_token(
         sock.bind(("127.0.0.1", 0))
         refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
     hanging = WireServer(lambda _: None)
-    async with hanging, untrusted_tls_server() as untrusted:
+    async with hanging, untrusted_tls_server() as (untrusted, _):
         for base_url in (
             refused,
             hanging.base_url,
@@ -413,7 +416,7 @@ async def test_no_error_of_the_connection_itself_carries_the_token(
 async def test_hopeless_connection_errors_fail_at_the_first_attempt(
     server: FakeAdminServer, make_client: MakeClient
 ) -> None:
-    async with untrusted_tls_server() as untrusted:
+    async with untrusted_tls_server() as (untrusted, _):
         cases = [
             (server.base_url.replace("http://", "https://"), r"https:// for a plain-http port"),
             (untrusted, "certificate failed verification .*certificate"),
@@ -425,6 +428,17 @@ async def test_hopeless_connection_errors_fail_at_the_first_attempt(
                     await client.request("GET", "subscriptions/1")
             assert info.value.attempts == 1
             assert not info.value.transient
+
+
+async def test_the_certificate_hint_works_a_session_trusting_the_ca_gets_through() -> None:
+    async with untrusted_tls_server() as (base_url, ca):
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        session = aiohttp.ClientSession(connector=asyncsubs.SendReportingConnector(ssl=context))
+        async with session, AdminClient(token="t", base_url=base_url, session=session) as client:
+            resp = await client.request("GET", "subscriptions/1")
+    assert resp.data is None
+    assert resp.status == 200
 
 
 async def test_decompressed_size_is_capped(make_client: MakeClient) -> None:
