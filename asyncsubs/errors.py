@@ -84,7 +84,8 @@ class TransportError(AsyncSubsError):
     ``maybe_processed`` is False only when the request provably never reached the server
     (connection refused, DNS failure), which makes even a POST safe to retry. ``transient`` is
     False when another attempt cannot help (a TLS handshake with a plain-http port, a
-    certificate that fails verification): such errors are raised at the first attempt.
+    certificate that fails verification, a URL aiohttp refuses, a closed shared session): such
+    errors are raised at the first attempt, their message naming the likely cause.
     """
 
     def __init__(
