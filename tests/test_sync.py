@@ -371,6 +371,9 @@ def test_config_collects_every_problem(tmp_path: Path) -> None:
         """
 [defaults]
 page_sise = 10
+timeout = 0
+[defaults.limits]
+heavy = "abc"
 
 [stores.a]
 base_url = "http://example.com"
@@ -380,19 +383,48 @@ resources = ["orders", "refunds"]
 [stores.b]
 base_url = "https://b.example"
 token_env = "B_TOKEN"
-limits = { global = "fast" }
+max_attempts = 0
+limits = { global = "fast", heavy = { subscription = "3/s", orders = "0/s" }, max_in_flight = -1 }
+
+[stores."c d"]
+base_url = "http://127.0.0.1:notaport"
+token_env = "A_TOKEN"
+limits = { global = { per = 2.0 } }
 """,
         encoding="utf-8",
     )
     with pytest.raises(ConfigFileError) as info:
         load_config(path, {"A_TOKEN": "x"})
-    problems = "\n".join(info.value.problems)
-    assert "unknown key 'page_sise' in [defaults]" in problems
-    assert "store 'a': plain http://" in problems
-    assert "store 'a': unknown resource 'refunds'" in problems
-    assert "store 'b': environment variable B_TOKEN (its token) is not set" in problems
-    assert "store 'b': a rate looks like" in problems
-    assert len(info.value.problems) == 5
+    rate = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
+    assert info.value.problems == (
+        "defaults.page_sise: unknown key (did you mean 'page_size'?)",
+        "defaults.timeout: must be a number of seconds > 0, got 0",
+        "defaults.limits.heavy: must be a table of resource = rate, got 'abc'",
+        "stores.a.resources: unknown resource 'refunds' (known: subscriptions, customers, "
+        "orders)",
+        "stores.a.base_url: plain http:// would send the token unencrypted; use https:// (or "
+        "allow_insecure = true on a trusted network)",
+        "stores.b.max_attempts: must be a whole number >= 1, got 0",
+        f"stores.b.limits.global: {rate}, got 'fast'",
+        "stores.b.limits.heavy.subscription: unknown key (did you mean 'subscriptions'?)",
+        "stores.b.limits.heavy.orders: a rate needs a whole number of requests >= 1, got '0/s'",
+        "stores.b.limits.max_in_flight: must be a whole number >= 1, got -1",
+        "stores.b.token_env: environment variable B_TOKEN is not set",
+        "stores.\"c d\".limits.global: a rate table has exactly the keys n and per, got ['per']",
+        "stores.\"c d\".base_url: not a valid URL (Port could not be cast to integer value as "
+        "'notaport'): 'http://127.0.0.1:notaport'",
+    )
+    # Never the library's internal names.
+    assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
+
+
+def test_rate_tables_need_both_keys_and_values_in_range() -> None:
+    assert parse_rate({"n": 2, "per": 3.0}) == parse_rate("2/3s")
+    assert parse_rate(5) == parse_rate("5/s")
+    for bad in ({"n": 2}, {"per": 2.0}, {"n": 0, "per": 1}, "0/s", "1/0s", -1, 2.5, True, "abc"):
+        with pytest.raises(ConfigError) as info:
+            parse_rate(bad)
+        assert "Rate." not in str(info.value)
 
 
 def test_db_urls() -> None:
@@ -413,6 +445,11 @@ def test_db_urls() -> None:
             '[stores.a]\nbase_url = "{url}"\ntoken_env = "A_TOKEN"\nresources = ["refunds"]\n',
             {"A_TOKEN": "t"},
             "unknown resource 'refunds'",
+        ),
+        (
+            '[defaults.limits]\nheavy = "abc"\n',
+            {},
+            "asyncsubs: error: defaults.limits.heavy: must be a table of resource = rate",
         ),
     ],
 )
