@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 
 from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
+from asyncsubs.cli._checkpoint import PullCheckpoint
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
@@ -113,6 +115,87 @@ def test_pull_after_cursor_continues_after_that_page(
     assert main(pull_args(server, "customers", "--after-cursor", cursor, "-o", str(out), "-q")) == 0
     ids = [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()]
     assert ids == [r["id"] for r in server.records("acme", "customers")[50:]]
+
+
+def first_page_cursor(server: FakeAdminServer, resource: str, page_size: int) -> str:
+    async def first() -> str:
+        token = server.store("acme").token
+        async with AdminClient(token=token, base_url=server.base_url) as client:
+            call = getattr(client, resource).list(page_size=page_size, model=dict)
+            async for page in call.pages():
+                assert page.next_cursor is not None
+                return str(page.next_cursor)
+        raise AssertionError("no page")
+
+    return asyncio.run(first())
+
+
+def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    # What a pull killed after writing its first page, and part of a second one, leaves.
+    out = tmp_path / "customers.jsonl"
+    expected = server.records("acme", "customers")
+    first = b"".join(orjson.dumps(r) + b"\n" for r in expected[:50])
+    out.write_bytes(first + orjson.dumps(expected[50])[:7])
+    checkpoint = PullCheckpoint(
+        resource="customers",
+        base_url=server.base_url,
+        cursor=first_page_cursor(server, "customers", 50),
+        offset=len(first),
+        records=50,
+        pages=1,
+    )
+    checkpoint.save(out)
+    assert main(pull_args(server, "customers", "-o", str(out))) == 0
+    assert out.read_bytes() == b"".join(orjson.dumps(r) + b"\n" for r in expected)
+    assert not PullCheckpoint.path_for(out).exists()  # complete: nothing left to continue
+    assert "137 customers in 2 pages" in capsys.readouterr().err
+    # A different command on the same file does not continue someone else's checkpoint.
+    checkpoint.save(out)
+    assert main(pull_args(server, "orders", "-o", str(out))) == 2
+    assert "pass --restart to start over" in capsys.readouterr().err
+    assert main(pull_args(server, "orders", "-o", str(out), "--restart", "-q")) == 0
+    assert out.read_bytes() == b"".join(
+        orjson.dumps(r) + b"\n" for r in server.records("acme", "orders")
+    )
+    assert not PullCheckpoint.path_for(out).exists()
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_stopped_pull_to_a_file_resumes_by_rerunning_it(tmp_path: Path, how: str) -> None:
+    stores = [FakeStoreConfig("slow", records=400)]
+    with serve_in_thread(stores=stores, rate_limits=None, latency=0.01) as server:
+        out = tmp_path / "subs.jsonl"
+        command = [
+            *(sys.executable, "-m", "asyncsubs", "pull", "subscriptions"),
+            *("--base-url", server.base_url, "--token", server.store("slow").token),
+            *("--page-size", "10", "--rate", "1000/s", "-o", str(out)),
+        ]
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            for _ in range(500):  # the one bounded wait: until some pages are checkpointed
+                saved = PullCheckpoint.load(out)
+                if (saved is not None and saved.records >= 100) or proc.poll() is not None:
+                    break
+                time.sleep(0.01)
+            proc.send_signal(getattr(signal, how))
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        saved = PullCheckpoint.load(out)
+        assert saved is not None, "the pull finished before it was stopped"
+        if how != "SIGKILL":
+            assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[how]
+            assert b"rerun the same command to continue" in err
+        rerun = subprocess.run(command, capture_output=True, timeout=60, check=False)
+        assert rerun.returncode == 0, rerun.stderr.decode()
+        expected = server.records("slow", "subscriptions")
+        assert out.read_bytes() == b"".join(orjson.dumps(r) + b"\n" for r in expected)
+        assert f"{saved.records:,} records of them before resuming".encode() in rerun.stderr
+        assert not PullCheckpoint.path_for(out).exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -400,8 +400,7 @@ limits = { global = { per = 2.0 } }
         "defaults.page_sise: unknown key (did you mean 'page_size'?)",
         "defaults.timeout: must be a number of seconds > 0, got 0",
         "defaults.limits.heavy: must be a table of resource = rate, got 'abc'",
-        "stores.a.resources: unknown resource 'refunds' (known: subscriptions, customers, "
-        "orders)",
+        "stores.a.resources: unknown resource 'refunds' (known: subscriptions, customers, orders)",
         "stores.a.base_url: plain http:// would send the token unencrypted; use https:// (or "
         "allow_insecure = true on a trusted network)",
         "stores.b.max_attempts: must be a whole number >= 1, got 0",
@@ -411,7 +410,7 @@ limits = { global = { per = 2.0 } }
         "stores.b.limits.max_in_flight: must be a whole number >= 1, got -1",
         "stores.b.token_env: environment variable B_TOKEN is not set",
         "stores.\"c d\".limits.global: a rate table has exactly the keys n and per, got ['per']",
-        "stores.\"c d\".base_url: not a valid URL (Port could not be cast to integer value as "
+        'stores."c d".base_url: not a valid URL (Port could not be cast to integer value as '
         "'notaport'): 'http://127.0.0.1:notaport'",
     )
     # Never the library's internal names.

@@ -28,10 +28,13 @@ from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
 from .._pagination import DEFAULT_PREFETCH
 from .._version import __version__
 from ..errors import AsyncSubsError, ConfigError
+from ._checkpoint import PullCheckpoint
 from ._config_file import (
+    DEFAULT_PAGE_SIZE,
     RESOURCES,
     ConfigFileError,
     StoreConfig,
+    check_base_url,
     load_config,
     parse_db_url,
     parse_rate,
@@ -42,6 +45,7 @@ from ._progress import (
     Mode,
     Tracker,
     choose_mode,
+    plural,
     print_table,
     show_progress,
 )
@@ -177,10 +181,33 @@ def build_parser() -> argparse.ArgumentParser:
         "command lines are visible to other users)",
     )
     pull.add_argument("--store", help="rate-limit identity of the store (default: derived)")
-    pull.add_argument("--page-size", type=_positive_int, metavar="N", help="records per request")
+    pull.add_argument(
+        "--page-size",
+        type=_positive_int,
+        default=DEFAULT_PAGE_SIZE,
+        metavar="N",
+        help="records per request (the server may clamp it)",
+    )
     pull.add_argument("--after-cursor", metavar="C", help="resume after this cursor")
     pull.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N records")
-    pull.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    pull.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE instead of stdout; a rerun of the same command continues after the "
+        "last whole page written (checkpoint: FILE.asyncsubs-checkpoint)",
+    )
+    pull.add_argument(
+        "--restart",
+        action="store_true",
+        help="with -o: start over even if FILE has a checkpoint to continue from",
+    )
+    pull.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="allow a plain http:// base URL that is not loopback (a trusted network only: "
+        "the token travels unencrypted)",
+    )
     pull.add_argument(
         "--rate",
         type=_rate,
@@ -311,6 +338,15 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"no token: pass --token or set {TOKEN_ENV}")
     if not base_url:
         raise ConfigError(f"no base URL: pass --base-url or set {BASE_URL_ENV}")
+    try:
+        check_base_url(
+            base_url,
+            version=args.api_version,
+            allow_insecure=args.allow_insecure,
+            insecure_hint="or --allow-insecure",
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"--base-url: {exc}") from None
     limits = None
     if args.rate is not None:
         limits = Limits(heavy={**DEFAULT_HEAVY, args.resource: args.rate})
@@ -322,12 +358,57 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "version": args.api_version,
         "timeout": args.timeout,
         "retry": RetryPolicy(max_attempts=args.max_attempts),
+        "allow_insecure": args.allow_insecure,
         "user_agent": "asyncsubs-cli",
     }
 
 
+def _open_output(
+    args: argparse.Namespace, base_url: str
+) -> tuple[IO[bytes], PullCheckpoint | None]:
+    """``-o FILE`` opened to write at the end of its checkpointed prefix (a rerun continues),
+    or from the start (no checkpoint, or ``--restart``)."""
+    output = Path(args.output)
+    checkpoint = None if args.restart else PullCheckpoint.load(output)
+    if checkpoint is not None:
+        if args.after_cursor is not None:
+            raise ConfigError(
+                f"{output} has a checkpoint to continue from; drop --after-cursor to continue "
+                "it, or pass --restart to start over"
+            )
+        if (checkpoint.resource, checkpoint.base_url) != (args.resource, base_url):
+            raise ConfigError(
+                f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
+                f"{checkpoint.base_url}; pass --restart to start over"
+            )
+    try:
+        if checkpoint is None:
+            PullCheckpoint.remove(output)
+            return open(output, "wb"), None
+        out = open(output, "r+b")  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{output} is gone but its checkpoint is not; pass --restart to start over"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
+    size = out.seek(0, os.SEEK_END)
+    if size < checkpoint.offset:
+        out.close()
+        raise ConfigError(
+            f"{output} is shorter than its checkpoint says ({size:,} < {checkpoint.offset:,} "
+            "bytes); pass --restart to start over"
+        )
+    # Bytes after the checkpoint belong to a page whose checkpoint was never written.
+    out.truncate(checkpoint.offset)
+    out.seek(checkpoint.offset)
+    return out, checkpoint
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     kwargs = _client_kwargs(args)
+    if args.restart and args.output is None:
+        raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
     # Validates token and URL now, so a usage error exits 2 before any request.
     AdminClient(**kwargs)
     label = args.store or urlsplit(kwargs["base_url"]).hostname or "store"
@@ -335,25 +416,48 @@ def cmd_pull(args: argparse.Namespace) -> int:
     row = tracker.add(label, args.resource)
     resume: dict[str, str | None] = {"cursor": args.after_cursor}
     opened: IO[bytes] | None = None
+    checkpoint: PullCheckpoint | None = None
+    output = None if args.output is None else Path(args.output)
     if args.output is not None:
-        try:
-            opened = open(args.output, "wb")  # noqa: SIM115 - closed in the finally below
-        except OSError as exc:
-            raise ConfigError(f"cannot write {args.output}: {exc.strerror}") from None
+        opened, checkpoint = _open_output(args, kwargs["base_url"])
     out = opened if opened is not None else sys.stdout.buffer
+    before = 0 if checkpoint is None else checkpoint.records
+    pages_before = 0 if checkpoint is None else checkpoint.pages
+    if checkpoint is not None:
+        resume["cursor"] = checkpoint.cursor
+
+    def save(cursor: str | None) -> None:
+        if output is None:
+            return
+        if cursor is None:
+            PullCheckpoint.remove(output)  # complete: nothing to continue
+            return
+        PullCheckpoint(
+            resource=args.resource,
+            base_url=kwargs["base_url"],
+            cursor=cursor,
+            offset=out.tell(),
+            records=before + row.records,
+            pages=pages_before + row.pages,
+        ).save(output)
 
     async def pull() -> None:
         async with AdminClient(**kwargs) as client:
-            tracker.start(row, client)
-            written = 0
+            tracker.start(row, client, resumed=checkpoint is not None, resumed_records=before)
+            written = before
             try:
                 call = getattr(client, args.resource).list(
                     page_size=args.page_size,
-                    after_cursor=args.after_cursor,
+                    after_cursor=resume["cursor"],
                     model=dict,
                     # With --limit, a page fetched ahead would likely be thrown away.
                     prefetch=0 if args.limit is not None else DEFAULT_PREFETCH,
                 )
+                if args.limit is not None and written >= args.limit:
+                    resume["cursor"] = None
+                    save(None)
+                    tracker.finish(row)
+                    return
                 async with contextlib.aclosing(call.pages()) as pages:
                     async for page in pages:
                         records = page.data
@@ -368,10 +472,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         out.flush()
                         written += len(records)
                         tracker.page(row, len(records))
-                        resume["cursor"] = (
-                            page.next_cursor if len(records) == len(page.data) else None
-                        )
-                        if args.limit is not None and written >= args.limit:
+                        done = args.limit is not None and written >= args.limit
+                        resume["cursor"] = None if done else page.next_cursor
+                        save(resume["cursor"])
+                        if done:
                             break
             except AsyncSubsError as exc:
                 log.debug("pull %s failed", args.resource, exc_info=True)
@@ -387,10 +491,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
     try:
         run_async(pull, tracker, mode, args.progress_interval)
     except CommandFailed:
-        if resume["cursor"] and row.pages:
+        if resume["cursor"] and (row.pages or checkpoint is not None):
             note(
-                f"interrupted after {row.records:,} records; "
-                f"resume with --after-cursor {resume['cursor']}"
+                f"interrupted after {before + row.records:,} records; "
+                f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise
     except BrokenPipeError:
@@ -403,15 +507,26 @@ def cmd_pull(args: argparse.Namespace) -> int:
             opened.close()
     if row.state == "failed":
         lines = [f"{row.store}, {row.resource}: {row.error}"]
-        if resume["cursor"] and row.pages:
+        if resume["cursor"] and (row.pages or checkpoint is not None):
             lines.append(
-                f"{row.records:,} records were written; "
-                f"resume with --after-cursor {resume['cursor']}"
+                f"{before + row.records:,} records were written; "
+                f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise CommandFailed(lines)
     if not args.quiet:
-        note(f"{row.records:,} {args.resource} in {row.pages:,} pages ({row.elapsed():.1f}s)")
+        total = before + row.records
+        note(
+            f"{plural(total, args.resource[:-1])} in "
+            f"{plural(pages_before + row.pages, 'page')} ({row.elapsed():.1f}s)"
+            + (f", {plural(before, 'record')} of them before resuming" if before else "")
+        )
     return EXIT_OK
+
+
+def _how_to_continue(args: argparse.Namespace, cursor: str | None) -> str:
+    if args.output is not None:
+        return "rerun the same command to continue (--restart starts over)"
+    return f"resume with --after-cursor {cursor}"
 
 
 def _force(args: argparse.Namespace) -> str | None:

@@ -34,6 +34,7 @@ __all__ = [
     "WebhookProgress",
     "choose_mode",
     "format_table",
+    "plural",
     "show_progress",
 ]
 
@@ -331,6 +332,11 @@ def _rich_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 page``, ``2 pages``, ``1,000 records``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
 def _fmt_rate(value: float) -> str:
