@@ -12,6 +12,7 @@ import io
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 
 from asyncsubs.__main__ import main
 from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
+from asyncsubs.cli._lock import hold_database
 from asyncsubs.cli._progress import Tracker, _PlainDisplay
 from asyncsubs.errors import ConfigError
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
@@ -488,3 +490,23 @@ def test_database_that_is_not_sqlite_exits_1(
     assert err.count("\n") == 1
     assert err.startswith(f"asyncsubs: error: database {db}: ")
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "no" / "x.db")]) == 2
+
+
+def test_second_sync_on_a_database_in_use_exits_2_naming_the_holder(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", f"sqlite:///{db}", "--quiet"]
+    server.clear_requests()
+    with hold_database(db):  # as a first sync still running would
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"asyncsubs: error: --db: {db} is in use by another asyncsubs command (pid "
+        f"{os.getpid()} on host {socket.gethostname()}, since {err.split('since ')[1]}"
+    )
+    assert err.endswith("); run one sync per database at a time\n")
+    assert server.requests == []  # nothing resumed, nothing sent
+    assert main(args) == 0  # the lock goes with its holder
+    assert_exact(db, server)

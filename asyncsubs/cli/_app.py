@@ -40,6 +40,7 @@ from ._config_file import (
     parse_rate,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, parse_listen, run_listen
+from ._lock import hold_database
 from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
     Mode,
@@ -644,6 +645,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
         only_stores=args.store,
         listen=args.listen is not None,
     )
+    with hold_database(db_path):
+        return _sync(args, configs, db_path)
+
+
+def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Path) -> int:
     tracker = Tracker()
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     started = time.monotonic()

@@ -23,6 +23,7 @@ import attrs
 from .._config import Limits, Rate
 from ..errors import ConfigError
 from ._config_file import RESOURCES, StoreConfig, parse_db_url
+from ._lock import hold_database
 from ._progress import Tracker, choose_mode, print_table
 
 __all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
@@ -214,7 +215,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     reports: dict[tuple[str, str], _PoolReport] = {}
     started = time.monotonic()
 
-    with _database(args.db) as (db_path, kept):
+    with _database(args.db) as (db_path, kept), hold_database(db_path):
 
         async def demo() -> None:
             server = FakeAdminServer(
