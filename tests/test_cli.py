@@ -25,7 +25,8 @@ import pytest
 from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
 from asyncsubs.cli._checkpoint import PullCheckpoint
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
+from asyncsubs.cli._config_file import load_config
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV = "ASYNCSUBS_BASE_URL"
@@ -337,6 +338,20 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
             elif tokens:
                 break
         assert set(tokens) == {"store-1", "store-2"}
+        printed = [line]
+        while not printed[-1].startswith('token_env = "FAKE_STORE_2_TOKEN"'):
+            printed.append(proc.stdout.readline())
+        pull_line = next(x for x in printed if x.startswith("asyncsubs pull "))
+        assert pull_line.endswith(" --rate 2/1s\n")  # the server's pool: 2 requests per second
+        toml = "".join(printed[printed.index("[defaults]\n") :])
+        (tmp_path / "stores.toml").write_text(toml, encoding="utf-8")
+        env = {f"FAKE_{name.replace('-', '_').upper()}_TOKEN": t for name, t in tokens.items()}
+        configs = load_config(tmp_path / "stores.toml", env)
+        assert [c.store for c in configs] == ["store-1", "store-2"]
+        for config in configs:  # what the server enforces and serves
+            assert config.page_size == 250
+            assert config.limits.global_rate == ServerRateLimits().global_rate
+            assert dict(config.limits.heavy) == dict(ServerRateLimits().heavy)
         out = tmp_path / "subs.jsonl"
         args = ["pull", "subscriptions", "--base-url", match[1], "--token", tokens["store-2"]]
         assert main([*args, "-o", str(out), "-q"]) == 0
@@ -360,3 +375,20 @@ def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None
     assert event_loop_factory() is uvloop.new_event_loop
     monkeypatch.setenv("ASYNCSUBS_LOOP", "asyncio")
     assert event_loop_factory() is None
+
+
+def test_pull_and_sync_ask_for_250_records_a_page_by_default(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.clear_requests()
+    assert main(pull_args(server, "orders", "-o", str(tmp_path / "o.jsonl"), "-q")) == 0
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n'
+        '[defaults.limits]\nheavy = { orders = "1000/s" }\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", server.store("acme").token)
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "-q"]) == 0
+    sizes = [r.query.get("pageSize") for r in server.requests]
+    assert sizes == ["250", "250"]  # one page each: 137 records

@@ -361,6 +361,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     def ready(server: FakeAdminServer) -> None:
         envs = {name: _env_name(name) for name in server.tokens}
         first, first_token = next(iter(server.tokens.items()))
+        rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
         lines = [
             f"fake admin server on {server.base_url} (API base {server.api_url}); Ctrl-C stops it",
             "",
@@ -369,17 +370,20 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
             f"# pull from {first}:",
             f"export ASYNCSUBS_BASE_URL={server.base_url}",
             f"export ASYNCSUBS_TOKEN={first_token}",
-            f"asyncsubs pull subscriptions --store {first} --limit 5",
+            f"asyncsubs pull subscriptions --store {first} --limit 5{rate}",
             "",
             "# sync every store: save the TOML below as stores.toml, then",
             *(f"export {envs[name]}={token}" for name, token in server.tokens.items()),
             "asyncsubs sync --config stores.toml --db sqlite:///fake.db",
             "",
+            "[defaults]",
+            f"page_size = {server.max_page_size}  # the fake server's largest page",
+            "",
         ]
         if limits is not None:
             heavy = ", ".join(f'{path} = "{rate}"' for path, rate in limits.heavy.items())
             lines += [
-                "[defaults.limits]  # the fake server's limits",
+                "[defaults.limits]  # the limits the fake server enforces",
                 f'global = "{limits.global_rate}"',
                 f"heavy = {{ {heavy} }}",
                 "",
