@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import re
 import signal
@@ -276,6 +277,26 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
         (["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--limit", "0"], ""),
         (["sync", "--config", "missing.toml", "--db", "x.db"], "cannot read the config file"),
         (["sync", "--config", "missing.toml", "--db", "mysql://h/db"], "only SQLite"),
+        (
+            ["pull", "orders", "--base-url", "http://[::1:19100", "--token", "t"],
+            "asyncsubs: error: --base-url: not a valid URL (Invalid IPv6 URL): ",
+        ),
+        (
+            ["pull", "orders", "--base-url", "http://127.0.0.1:notaport", "--token", "t"],
+            "asyncsubs: error: --base-url: not a valid URL (Port could not be cast",
+        ),
+        (
+            ["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--rate", "-1/s"],
+            "argument --rate: a rate looks like",
+        ),
+        (
+            ["pull", "orders", "--base-url", "http://x.example", "--token", "t"],
+            "use https:// (or --allow-insecure on a trusted network)",
+        ),
+        (
+            ["sync", "--config", "missing.toml", "--db", "sqlite://rel.db"],
+            "three slashes before a relative path (sqlite:///rel.db)",
+        ),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
     ],
@@ -291,7 +312,85 @@ def test_help_and_version(capsys: Any) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("asyncsubs ")
     assert main(["sync", "--help"]) == 0
-    assert "--config" in capsys.readouterr().out
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--config" in help_text
+    assert "stores synced at once (default: 32)" in help_text
+    assert main(["pull", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(the server may clamp it) (default: 250)" in help_text
+    assert "seconds per attempt (default: 30.0)" in help_text
+    assert "(default: None)" not in help_text
+    # fake-server shows no progress, so it offers no progress options.
+    assert main(["fake-server", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "--debug" in help_text
+    assert "--progress" not in help_text
+    assert "--quiet" not in help_text
+
+
+def test_progress_rich_without_rich_exits_2_with_the_install_hint(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setattr("asyncsubs.cli._progress._rich_available", lambda: False)
+    server.clear_requests()
+    assert main(pull_args(server, "orders", "--progress", "rich")) == 2
+    assert capsys.readouterr().err == (
+        "asyncsubs: error: --progress rich needs the rich package: pip install 'asyncsubs[cli]'\n"
+    )
+    assert server.requests == []
+
+
+def test_interrupted_run_shows_interrupted_in_the_live_tables_last_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncsubs.cli._app import CommandFailed, run_async
+    from asyncsubs.cli._progress import Tracker
+
+    pytest.importorskip("rich")
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    tracker = Tracker()
+    row = tracker.add("acme", "orders")
+
+    async def stopped_by_ctrl_c() -> None:
+        tracker.start(row, None)
+        raise KeyboardInterrupt
+
+    with pytest.raises(CommandFailed) as info:
+        run_async(stopped_by_ctrl_c, tracker, "rich", 1.0)
+    assert info.value.code == 130
+    last_frame = stream.getvalue().strip().splitlines()
+    (line,) = [x for x in last_frame if x.startswith("acme ")]
+    assert "interrupted" in line
+    assert "running" not in line
+
+
+def test_plain_progress_prints_a_failure_once(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", "revoked-token")
+    args = ["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "--progress", "plain"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("AuthenticationError") == 1, err
+    assert re.search(r"^\[\s*[\d.]+s\] acme/orders: FAILED: AuthenticationError: ", err, re.M)
+
+
+def test_demo_with_a_database_that_is_not_sqlite_prints_no_summary(
+    tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "notdb.db"
+    db.write_text("not a database " * 100)
+    assert main(["demo", "--quick", "--stores", "1", "--db", str(db)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"asyncsubs: error: database {db}: ")
 
 
 # ---------------------------------------------------------------------------------------------

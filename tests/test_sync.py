@@ -27,7 +27,7 @@ import pytest
 from asyncsubs.__main__ import main
 from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
 from asyncsubs.cli._lock import hold_database
-from asyncsubs.cli._progress import Tracker, _PlainDisplay
+from asyncsubs.cli._progress import Tracker, _live_row, _PlainDisplay
 from asyncsubs.errors import ConfigError
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
@@ -256,7 +256,7 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
     try:
         wait_for_progress(db, proc, 300)
         proc.send_signal(getattr(signal, how))
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -270,6 +270,10 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
         assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[how]
         assert b"interrupted; every committed page is kept" in err
         assert b"Traceback" not in err
+        # The summary counts the rows in the table of what was interrupted, too.
+        summary = re.findall(rb"^store-\d\s+\w+\s+interrupted\s+[\d,]+\s+[\d,]+\s+(\S+)", out, re.M)
+        assert summary, out
+        assert all(cell[0:1].isdigit() for cell in summary), out
 
     rerun = subprocess.run(
         [*SYNC_COMMAND, "--config", str(config), "--db", str(db)],
@@ -310,12 +314,20 @@ def test_plain_progress_lines() -> None:
     tracker.page(row, 25)
     display.tick()
     tracker.finish(row, rows=90)
+    one = tracker.add("acme", "customers")
+    tracker.start(one, None)
+    tracker.page(one, 1)
+    tracker.finish(one, rows=1)
     lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines[-1].startswith("acme/customers: done, 1 record in 1 page (")
+    assert lines[-1].endswith("s); 1 row in the table for this store")
     assert lines[0] == "acme/orders: resuming from its saved cursor"
     assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
     assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")
     assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
     assert lines[2].endswith("; 90 rows in the table for this store")
+    # The live table's records cell says what the interrupted process committed, too.
+    assert _live_row(row, time.monotonic())[3] == "50 (+40 before)"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -31,6 +32,7 @@ from ..errors import AsyncSubsError, ConfigError
 from ._checkpoint import PullCheckpoint
 from ._config_file import (
     DEFAULT_PAGE_SIZE,
+    DEFAULT_VERSION,
     RESOURCES,
     ConfigFileError,
     StoreConfig,
@@ -50,7 +52,7 @@ from ._progress import (
     print_table,
     show_progress,
 )
-from ._sync import DEFAULT_MAX_STORES, DatabaseError, describe_error, run_sync
+from ._sync import DEFAULT_MAX_STORES, DatabaseError, count_rows, describe_error, run_sync
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -129,8 +131,30 @@ def _resource_list(values: Sequence[str] | None) -> list[str] | None:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-def _output_options() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default where it has one (not None, not a flag's off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "%(default)" in text
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _output_options() -> _Parser:
+    parent = _Parser(add_help=False)
     group = parent.add_argument_group("output")
     group.add_argument(
         "-q", "--quiet", action="store_true", help="no progress and no summary (errors only)"
@@ -146,7 +170,7 @@ def _output_options() -> argparse.ArgumentParser:
         type=_positive_float,
         default=DEFAULT_PLAIN_INTERVAL,
         metavar="SECONDS",
-        help=f"seconds between plain progress lines (default {DEFAULT_PLAIN_INTERVAL:g})",
+        help="seconds between plain progress lines",
     )
     group.add_argument(
         "--debug", action="store_true", help="tracebacks on errors and debug logging"
@@ -157,12 +181,14 @@ def _output_options() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     from ._demo import add_demo_parsers
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Pull from or sync the subscription service's admin interface.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
     output = _output_options()
 
     pull = commands.add_parser(
@@ -216,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the list endpoint's rate-limit pool, e.g. 2/s or 3/2s (default: the library's "
         "conservative 1/s)",
     )
-    pull.add_argument("--api-version", default="2026-04", metavar="V", help="path version")
+    pull.add_argument("--api-version", default=DEFAULT_VERSION, metavar="V", help="path version")
     pull.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per attempt")
     pull.add_argument(
         "--max-attempts", type=_positive_int, default=6, metavar="N", help="attempts per request"
@@ -248,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_MAX_STORES,
         metavar="N",
-        help=f"stores synced at once (default {DEFAULT_MAX_STORES})",
+        help="stores synced at once",
     )
     sync.add_argument(
         "--store",
@@ -269,8 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconcile-every",
         type=_positive_float,
         metavar="SECONDS",
-        help=f"seconds between reconciliation pulls with --listen "
-        f"(default {DEFAULT_RECONCILE_EVERY:g})",
+        help="seconds between reconciliation pulls with --listen "
+        f"(default: {DEFAULT_RECONCILE_EVERY:g})",
     )
     sync.set_defaults(handler=cmd_sync)
 
@@ -303,7 +329,12 @@ def run_async(
                 installed = True
         try:
             async with show_progress(tracker, mode, interval=interval):
-                await coro_factory()
+                try:
+                    await coro_factory()
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    # Before the display's last refresh, so it shows them as interrupted.
+                    tracker.interrupt_running()
+                    raise
         finally:
             if installed:
                 loop.remove_signal_handler(signal.SIGTERM)
@@ -544,6 +575,7 @@ def sync_summary(
     stream: IO[str],
     passes: int | None = None,
 ) -> None:
+    count_rows(tracker, db)
     rows = []
     for row in tracker.rows.values():
         stats = row.pool_stats()
@@ -561,13 +593,13 @@ def sync_summary(
                 f"{row.elapsed():.1f}s",
             ]
         )
-    stores = len({row.store for row in tracker.rows.values()})
+    stores = plural(len({row.store for row in tracker.rows.values()}), "store")
     if passes is None:
-        done = f"{tracker.records:,} records from {stores} stores in {elapsed:.1f}s into {db}"
+        done = f"{plural(tracker.records, 'record')} from {stores} in {elapsed:.1f}s into {db}"
     else:  # --listen: the rows show the last pull; the total counts every one
         done = (
-            f"{tracker.pulled:,} records pulled in {passes} runs from {stores} stores in "
-            f"{elapsed:.1f}s into {db}; the rows show the last run"
+            f"{plural(tracker.pulled, 'record')} pulled in {plural(passes, 'run')} from "
+            f"{stores} in {elapsed:.1f}s into {db}; the rows show the last run"
         )
     print_table(
         "sync summary",
@@ -670,10 +702,17 @@ def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Pat
         raise
     if not args.quiet:
         sync_summary(tracker, time.monotonic() - started, db_path, stream=sys.stdout)
+    raise_failures(tracker, mode)
+    return EXIT_OK
+
+
+def raise_failures(tracker: Tracker, mode: Mode) -> None:
+    """CommandFailed (exit 1) when any (store, resource) failed, with one line each, unless
+    the plain display already printed each failure as a line of its own."""
     failed = tracker.failed
     if failed:
-        raise CommandFailed([f"store {row.store}, {row.resource}: {row.error}" for row in failed])
-    return EXIT_OK
+        lines = [f"store {row.store}, {row.resource}: {row.error}" for row in failed]
+        raise CommandFailed([] if mode == "plain" else lines)
 
 
 class _MessageLog(logging.Handler):
@@ -755,10 +794,25 @@ def _listen(
 # Entry point
 
 
+def _attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--rate -1/s`` as ``--rate=-1/s``: argparse takes a word starting with "-" for an
+    option (and says "expected one argument"), unless it is a plain negative number. No
+    option here starts with "-" and a digit, so such a word is always a value, and attached
+    to its option it reaches the option's own check and its message."""
+    result: list[str] = []
+    for arg in argv:
+        previous = result[-1] if result else ""
+        if re.match(r"-[\d.]", arg) and previous.startswith("--") and "=" not in previous:
+            result[-1] = f"{previous}={arg}"
+        else:
+            result.append(arg)
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -107,7 +107,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=len(DEMO_STORES),
         metavar="N",
-        help=f"number of fake stores (default {len(DEMO_STORES)})",
+        help="number of fake stores",
     )
     demo.add_argument(
         "--records",
@@ -127,7 +127,6 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
 
     fake = commands.add_parser(
         "fake-server",
-        parents=[output],
         help="run the fake admin server for your own development",
         description=(
             "Serve the admin interface on loopback with deterministic records, cursor "
@@ -148,6 +147,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     fake.add_argument(
         "--no-rate-limits", action="store_true", help="never answer 429 (default: 50/s global)"
     )
+    fake.add_argument("--debug", action="store_true", help="tracebacks on errors")
     fake.set_defaults(handler=cmd_fake_server)
 
 
@@ -206,7 +206,7 @@ class _PoolReport:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
-    from ._app import CommandFailed, _force, note, run_async
+    from ._app import CommandFailed, _force, note, raise_failures, run_async
     from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
@@ -261,24 +261,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                 peak=pool.max_in_window(s.heavy[resource].per),
                             )
 
-        interrupted = False
+        interrupted = ran = False
         try:
             run_async(demo, tracker, mode, args.progress_interval)
+            ran = True
         except CommandFailed:
             interrupted = True
             raise
         finally:
             gc.unfreeze()  # back to normal collection (matters when called in-process)
-            if not args.quiet:
+            # Not after an error that stopped the demo (a bad --db): its line says it all.
+            if not args.quiet and (ran or interrupted):
                 _summary(stores, tracker, reports, time.monotonic() - started)
                 where = f"kept at {db_path}" if kept else "a temporary file, now deleted"
                 sys.stdout.write(f"database: {where}\n")
                 sys.stdout.flush()
             if interrupted:
                 note("interrupted" + ("; rerun with the same --db to resume" if kept else ""))
-    failed = tracker.failed
-    if failed:
-        raise CommandFailed([f"store {row.store}, {row.resource}: {row.error}" for row in failed])
+    raise_failures(tracker, mode)
     return 0
 
 

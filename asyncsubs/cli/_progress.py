@@ -23,6 +23,7 @@ import attrs
 
 from .._limiter import PoolStats
 from .._webhooks_receiver import ReceiverStats
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .._client import AdminClient
@@ -319,7 +320,11 @@ def choose_mode(stream: IO[str], *, quiet: bool, force: str | None = None) -> Mo
     if force == "plain":
         return "plain"
     if force == "rich":
-        return "rich" if _rich_available() else "plain"
+        if not _rich_available():
+            raise ConfigError(
+                "--progress rich needs the rich package: pip install 'asyncsubs[cli]'"
+            )
+        return "rich"
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty() and _rich_available():
         return "rich"
@@ -354,7 +359,8 @@ def _status(row: ResourceProgress) -> str:
 def _progress_line(row: ResourceProgress, now: float) -> str:
     stats = row.pool_stats()
     line = (
-        f"{row.key}: {_status(row)}, {row.records:,} records, {row.pages:,} pages, "
+        f"{row.key}: {_status(row)}, {plural(row.records, 'record')}, "
+        f"{plural(row.pages, 'page')}, "
         f"{_fmt_rate(row.record_rate(now))} records/s, {stats.requests:,} requests, "
         f"{stats.retries:,} retries, {stats.rate_limited:,} 429s"
     )
@@ -381,10 +387,14 @@ class _PlainDisplay:
             how = "resuming from its saved cursor" if row.resumed else "starting"
             self.write(f"{row.key}: {how}")
         elif event == "done":
-            rows = "" if row.rows is None else f"; {row.rows:,} rows in the table for this store"
+            rows = (
+                ""
+                if row.rows is None
+                else f"; {plural(row.rows, 'row')} in the table for this store"
+            )
             self.write(
-                f"{row.key}: done, {row.records:,} records in {row.pages:,} pages "
-                f"({row.elapsed():.1f}s){rows}"
+                f"{row.key}: done, {plural(row.records, 'record')} in "
+                f"{plural(row.pages, 'page')} ({row.elapsed():.1f}s){rows}"
             )
         elif event == "failed":
             self.write(f"{row.key}: FAILED: {row.error}")
@@ -439,7 +449,7 @@ def _live_row(row: ResourceProgress, now: float) -> list[str]:
         row.store,
         row.resource,
         _status(row),
-        f"{row.records:,}",
+        f"{row.records:,}" + (f" (+{row.resumed_records:,} before)" if row.resumed_records else ""),
         f"{row.pages:,}",
         _fmt_rate(row.record_rate(now)),
         f"{stats.requests:,}",
