@@ -27,6 +27,7 @@ from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
 from asyncsubs.cli._checkpoint import PullCheckpoint
 from asyncsubs.cli._config_file import load_config
+from asyncsubs.cli._progress import _LIVE_HEADERS, Tracker, _live_row, _progress_line
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
@@ -253,7 +254,7 @@ def unused_port() -> int:
 def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
     args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
-    assert main(args) == 1
+    assert main([*args, "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     (line,) = error_lines(err)
@@ -491,3 +492,61 @@ def test_pull_and_sync_ask_for_250_records_a_page_by_default(
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "-q"]) == 0
     sizes = [r.query.get("pageSize") for r in server.requests]
     assert sizes == ["250", "250"]  # one page each: 137 records
+
+
+# ---------------------------------------------------------------------------------------------
+# While retrying: the last error's reason; -v; --log-format json
+
+
+def test_retries_show_their_reason_and_json_lines_carry_every_event(capsys: Any) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "3"]
+    assert main([*args, "--log-format", "json", "-v"]) == 1
+    err = capsys.readouterr().err
+    events = [orjson.loads(line) for line in err.splitlines()]  # every line is one JSON object
+    assert [e["event"] for e in events] == ["start", "retry", "retry", "failed"]
+    for event in events:
+        assert set(event) >= {"time", "level", "store", "resource", "event", "requests"}
+        assert (event["store"], event["resource"]) == ("127.0.0.1", "orders")
+        assert event["time"].endswith("Z")
+    retry = events[1]
+    assert retry["level"] == "warning"
+    assert retry["last_error"].startswith("TransportError: GET orders: ")
+    assert events[-1]["level"] == "error"
+    assert events[-1]["error"].startswith("TransportError: GET orders: ")
+    assert events[-1]["requests"] == 3
+    # Without -v the retries are not events, but the row still knows the last one's reason.
+    assert main([*args, "--progress", "plain"]) == 1
+    err = capsys.readouterr().err
+    assert "retrying after" not in err
+    assert err.count("TransportError") == 1  # the failure, once
+
+
+def test_live_row_and_progress_line_show_elapsed_time_and_the_last_error() -> None:
+    tracker = Tracker()
+    row = tracker.add("acme", "orders")
+    tracker.start(row, None)
+    tracker.retry(row, "ServerError: GET orders: HTTP 503 " + "x" * 100)
+    now = time.monotonic()
+    cells = _live_row(row, now + 2.0)
+    assert cells[_LIVE_HEADERS.index("time")] == "2.0s"
+    last = cells[_LIVE_HEADERS.index("last error")]
+    assert last.startswith("ServerError: GET orders: HTTP 503 ")
+    assert len(last) == 60  # shortened to fit; the plain line has it whole
+    assert _progress_line(row, now).endswith(
+        "; last error: ServerError: GET orders: HTTP 503 " + "x" * 100
+    )
+
+
+def test_a_config_error_the_client_finds_late_exits_2(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from asyncsubs.errors import ConfigError
+
+    async def refuse(*_: Any, **__: Any) -> Any:
+        raise ConfigError("base_url: the server speaks plain http on this port")
+
+    monkeypatch.setattr(AdminClient, "__aenter__", refuse)
+    assert main(pull_args(server, "orders", "-q")) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == "asyncsubs: error: base_url: the server speaks plain http on this port"

@@ -47,10 +47,12 @@ from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
     Mode,
     Tracker,
+    capture_retries,
     choose_mode,
     plural,
     print_table,
     show_progress,
+    utc_now,
 )
 from ._sync import DEFAULT_MAX_STORES, DatabaseError, count_rows, describe_error, run_sync
 
@@ -74,16 +76,27 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def error(message: str) -> None:
+#: ``--log-format json`` for the command running now: errors and notes as JSON lines too.
+_json_lines = False
+
+
+def _say(level: str, message: str) -> None:
+    if _json_lines:
+        record = {"time": utc_now(), "level": level, "event": level, "message": message}
+        text = orjson.dumps(record).decode()
+    else:
+        text = f"{PROG}: error: {message}" if level == "error" else f"{PROG}: {message}"
     with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.stderr.write(text + "\n")
         sys.stderr.flush()
+
+
+def error(message: str) -> None:
+    _say("error", message)
 
 
 def note(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"{PROG}: {message}\n")
-        sys.stderr.flush()
+    _say("note", message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +184,19 @@ def _output_options() -> _Parser:
         default=DEFAULT_PLAIN_INTERVAL,
         metavar="SECONDS",
         help="seconds between plain progress lines",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also a line for every failed attempt that is retried, with its error",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: progress, notes and errors on stderr as one JSON object per line (time, "
+        "level, store, resource, event and figures), never a live table",
     )
     group.add_argument(
         "--debug", action="store_true", help="tracebacks on errors and debug logging"
@@ -340,7 +366,7 @@ def run_async(
                 loop.remove_signal_handler(signal.SIGTERM)
 
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        with capture_retries(tracker), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(body())
     except KeyboardInterrupt:
         tracker.interrupt_running()
@@ -444,7 +470,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     # Validates token and URL now, so a usage error exits 2 before any request.
     AdminClient(**kwargs)
     label = args.store or urlsplit(kwargs["base_url"]).hostname or "store"
-    tracker = Tracker()
+    tracker = Tracker(verbose=args.verbose)
     row = tracker.add(label, args.resource)
     resume: dict[str, str | None] = {"cursor": args.after_cursor}
     opened: IO[bytes] | None = None
@@ -509,6 +535,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         save(resume["cursor"])
                         if done:
                             break
+            except ConfigError:
+                raise  # a usage error the client found only now: exit 2, not a failed pull
             except AsyncSubsError as exc:
                 log.debug("pull %s failed", args.resource, exc_info=True)
                 tracker.fail(row, describe_error(exc))
@@ -538,7 +566,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         if opened is not None:
             opened.close()
     if row.state == "failed":
-        lines = [f"{row.store}, {row.resource}: {row.error}"]
+        # The plain and JSON displays printed the failure when it happened.
+        lines = [] if mode in ("plain", "json") else [f"{row.store}, {row.resource}: {row.error}"]
         if resume["cursor"] and (row.pages or checkpoint is not None):
             lines.append(
                 f"{before + row.records:,} records were written; "
@@ -562,6 +591,8 @@ def _how_to_continue(args: argparse.Namespace, cursor: str | None) -> str:
 
 
 def _force(args: argparse.Namespace) -> str | None:
+    if args.log_format == "json":
+        return "json"
     if args.debug:
         return "plain"  # log lines and a live table do not mix
     return None if args.progress == "auto" else str(args.progress)
@@ -682,7 +713,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Path) -> int:
-    tracker = Tracker()
+    tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     started = time.monotonic()
     if args.listen is not None:
@@ -712,7 +743,7 @@ def raise_failures(tracker: Tracker, mode: Mode) -> None:
     failed = tracker.failed
     if failed:
         lines = [f"store {row.store}, {row.resource}: {row.error}" for row in failed]
-        raise CommandFailed([] if mode == "plain" else lines)
+        raise CommandFailed([] if mode in ("plain", "json") else lines)
 
 
 class _MessageLog(logging.Handler):
@@ -816,8 +847,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler
-    with _debug_logging(args.debug):
-        return _run(handler, args)
+    global _json_lines
+    _json_lines = getattr(args, "log_format", "text") == "json"
+    try:
+        with _debug_logging(args.debug):
+            return _run(handler, args)
+    finally:
+        _json_lines = False
 
 
 @contextlib.contextmanager

@@ -210,7 +210,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
-    tracker = Tracker()
+    tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     reports: dict[tuple[str, str], _PoolReport] = {}
     started = time.monotonic()
