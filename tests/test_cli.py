@@ -552,6 +552,7 @@ def test_pull_and_sync_ask_for_250_records_a_page_by_default(
 def test_retries_show_their_reason_and_json_lines_carry_every_event(capsys: Any) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
     args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "3"]
+    args += ["--rate", "1000/s"]  # retries are paced like any request
     assert main([*args, "--log-format", "json", "-v"]) == 1
     err = capsys.readouterr().err
     events = [orjson.loads(line) for line in err.splitlines()]  # every line is one JSON object
