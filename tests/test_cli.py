@@ -122,17 +122,20 @@ def test_pull_after_cursor_continues_after_that_page(
     assert ids == [r["id"] for r in server.records("acme", "customers")[50:]]
 
 
-def first_page_cursor(server: FakeAdminServer, resource: str, page_size: int) -> str:
-    async def first() -> str:
+def page_cursors(server: FakeAdminServer, resource: str, page_size: int) -> list[str]:
+    """The cursor after each page but the last."""
+
+    async def cursors() -> list[str]:
         token = server.store("acme").token
         async with AdminClient(token=token, base_url=server.base_url) as client:
             call = getattr(client, resource).list(page_size=page_size, model=dict)
-            async for page in call.pages():
-                assert page.next_cursor is not None
-                return str(page.next_cursor)
-        raise AssertionError("no page")
+            return [str(page.next_cursor) async for page in call.pages() if page.next_cursor]
 
-    return asyncio.run(first())
+    return asyncio.run(cursors())
+
+
+def jsonl(records: Sequence[Any]) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in records)
 
 
 def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
@@ -141,19 +144,20 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     # What a pull killed after writing its first page, and part of a second one, leaves.
     out = tmp_path / "customers.jsonl"
     expected = server.records("acme", "customers")
-    first = b"".join(orjson.dumps(r) + b"\n" for r in expected[:50])
+    first = jsonl(expected[:50])
     out.write_bytes(first + orjson.dumps(expected[50])[:7])
     checkpoint = PullCheckpoint(
         resource="customers",
         base_url=server.base_url,
-        cursor=first_page_cursor(server, "customers", 50),
+        after_cursor=None,
+        cursor=page_cursors(server, "customers", 50)[0],
         offset=len(first),
         records=50,
         pages=1,
     )
     checkpoint.save(out)
     assert main(pull_args(server, "customers", "-o", str(out))) == 0
-    assert out.read_bytes() == b"".join(orjson.dumps(r) + b"\n" for r in expected)
+    assert out.read_bytes() == jsonl(expected)
     assert not PullCheckpoint.path_for(out).exists()  # complete: nothing left to continue
     assert "137 customers in 2 pages" in capsys.readouterr().err
     # A different command on the same file does not continue someone else's checkpoint.
@@ -161,10 +165,31 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     assert main(pull_args(server, "orders", "-o", str(out))) == 2
     assert "pass --restart to start over" in capsys.readouterr().err
     assert main(pull_args(server, "orders", "-o", str(out), "--restart", "-q")) == 0
-    assert out.read_bytes() == b"".join(
-        orjson.dumps(r) + b"\n" for r in server.records("acme", "orders")
-    )
+    assert out.read_bytes() == jsonl(server.records("acme", "orders"))
     assert not PullCheckpoint.path_for(out).exists()
+
+
+def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    after_first, after_second = page_cursors(server, "orders", 50)
+    expected = server.records("acme", "orders")
+    out = tmp_path / "orders.jsonl"
+    out.write_bytes(jsonl(expected[50:100]))  # the first page after --after-cursor
+    checkpoint = PullCheckpoint(
+        resource="orders",
+        base_url=server.base_url,
+        after_cursor=after_first,
+        cursor=after_second,
+        offset=out.stat().st_size,
+        records=50,
+        pages=1,
+    )
+    checkpoint.save(out)
+    assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 2  # not the same command
+    assert "after another cursor; pass --restart" in capsys.readouterr().err
+    assert main(pull_args(server, "orders", "--after-cursor", after_first, "-o", str(out))) == 0
+    assert out.read_bytes() == jsonl(expected[50:])
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
@@ -198,7 +223,7 @@ def test_stopped_pull_to_a_file_resumes_by_rerunning_it(tmp_path: Path, how: str
         rerun = subprocess.run(command, capture_output=True, timeout=60, check=False)
         assert rerun.returncode == 0, rerun.stderr.decode()
         expected = server.records("slow", "subscriptions")
-        assert out.read_bytes() == b"".join(orjson.dumps(r) + b"\n" for r in expected)
+        assert out.read_bytes() == jsonl(expected)
         assert f"{saved.records:,} records of them before resuming".encode() in rerun.stderr
         assert not PullCheckpoint.path_for(out).exists()
 

@@ -429,15 +429,12 @@ def _open_output(
     output = Path(args.output)
     checkpoint = None if args.restart else PullCheckpoint.load(output)
     if checkpoint is not None:
-        if args.after_cursor is not None:
-            raise ConfigError(
-                f"{output} has a checkpoint to continue from; drop --after-cursor to continue "
-                "it, or pass --restart to start over"
-            )
-        if (checkpoint.resource, checkpoint.base_url) != (args.resource, base_url):
+        this_pull = (args.resource, base_url, args.after_cursor)
+        if (checkpoint.resource, checkpoint.base_url, checkpoint.after_cursor) != this_pull:
+            after = "" if checkpoint.after_cursor is None else " after another cursor"
             raise ConfigError(
                 f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
-                f"{checkpoint.base_url}; pass --restart to start over"
+                f"{checkpoint.base_url}{after}; pass --restart to start over"
             )
     try:
         if checkpoint is None:
@@ -493,6 +490,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         PullCheckpoint(
             resource=args.resource,
             base_url=kwargs["base_url"],
+            after_cursor=args.after_cursor,
             cursor=cursor,
             offset=out.tell(),
             records=before + row.records,
@@ -553,7 +551,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     except CommandFailed:
         if resume["cursor"] and (row.pages or checkpoint is not None):
             note(
-                f"interrupted after {before + row.records:,} records; "
+                f"interrupted after {plural(before + row.records, 'record')}; "
                 f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise
@@ -570,7 +568,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         lines = [] if mode in ("plain", "json") else [f"{row.store}, {row.resource}: {row.error}"]
         if resume["cursor"] and (row.pages or checkpoint is not None):
             lines.append(
-                f"{before + row.records:,} records were written; "
+                f"{plural(before + row.records, 'record')} written; "
                 f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise CommandFailed(lines)
@@ -856,6 +854,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         _json_lines = False
 
 
+class _JsonLogFormatter(logging.Formatter):
+    """``--debug --log-format json``: the library's log records as JSON lines too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": utc_now(),
+            "level": record.levelname.lower(),
+            "event": "log",
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
+
+
 @contextlib.contextmanager
 def _debug_logging(enabled: bool) -> Iterator[None]:
     """--debug: the library's debug log on stderr (removed again, for in-process callers)."""
@@ -864,7 +878,10 @@ def _debug_logging(enabled: bool) -> Iterator[None]:
         return
     logger = logging.getLogger("asyncsubs")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    if _json_lines:
+        handler.setFormatter(_JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

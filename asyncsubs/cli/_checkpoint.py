@@ -27,11 +27,13 @@ SUFFIX: Final = ".asyncsubs-checkpoint"
 @attrs.frozen
 class PullCheckpoint:
     """A pull's position: ``offset`` bytes of FILE hold ``records`` records in ``pages``
-    pages, and ``cursor`` continues after them. ``resource`` and ``base_url`` say which pull
-    it belongs to, so a different command on the same FILE does not continue it."""
+    pages, and ``cursor`` continues after them. ``resource``, ``base_url`` and
+    ``after_cursor`` (the command's ``--after-cursor``) say which pull it belongs to, so a
+    different command on the same FILE does not continue it."""
 
     resource: str
     base_url: str
+    after_cursor: str | None
     cursor: str
     offset: int
     records: int

@@ -24,7 +24,7 @@ from .._config import Limits, Rate
 from ..errors import ConfigError
 from ._config_file import RESOURCES, StoreConfig, parse_db_url
 from ._lock import hold_database
-from ._progress import Tracker, choose_mode, print_table
+from ._progress import Tracker, choose_mode, plural, print_table
 
 __all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
 
@@ -336,8 +336,8 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{tracker.records:,} records, {total_requests:,} requests, {total_429:,} 429s "
-            f"in {elapsed:.1f}s",
+            f"{plural(tracker.records, 'record')}, {plural(total_requests, 'request')}, "
+            f"{total_429:,} 429s in {elapsed:.1f}s",
             "req/s achieved: accepted request starts per second, as the server measured them",
             "peak/window: most starts the server saw in any window of the pool's length / limit",
             f"server rate-limit windows: {windows}",
