@@ -618,12 +618,15 @@ def test_live_row_and_progress_line_show_elapsed_time_and_the_last_error() -> No
 def test_a_config_error_the_client_finds_late_exits_2(
     server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
+    from asyncsubs._pagination import ListCall
     from asyncsubs.errors import ConfigError
 
     async def refuse(*_: Any, **__: Any) -> Any:
+        # As the client's first attempt of a hopeless request raises it.
         raise ConfigError("base_url: the server speaks plain http on this port")
+        yield  # an async generator, like ListCall.pages
 
-    monkeypatch.setattr(AdminClient, "__aenter__", refuse)
+    monkeypatch.setattr(ListCall, "pages", refuse)
     assert main(pull_args(server, "orders", "-q")) == 2
     (line,) = error_lines(capsys.readouterr().err)
     assert line == "asyncsubs: error: base_url: the server speaks plain http on this port"

@@ -361,7 +361,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     def ready(server: FakeAdminServer) -> None:
         envs = {name: _env_name(name) for name in server.tokens}
         first, first_token = next(iter(server.tokens.items()))
-        rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
+        pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
         lines = [
             f"fake admin server on {server.base_url} (API base {server.api_url}); Ctrl-C stops it",
             "",
@@ -370,7 +370,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
             f"# pull from {first}:",
             f"export ASYNCSUBS_BASE_URL={server.base_url}",
             f"export ASYNCSUBS_TOKEN={first_token}",
-            f"asyncsubs pull subscriptions --store {first} --limit 5{rate}",
+            f"asyncsubs pull subscriptions --store {first} --limit 5{pull_rate}",
             "",
             "# sync every store: save the TOML below as stores.toml, then",
             *(f"export {envs[name]}={token}" for name, token in server.tokens.items()),
