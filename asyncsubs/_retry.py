@@ -117,6 +117,7 @@ async def _retry_after(
             state.attempt_number,
             type(exc).__name__,
             delay,
+            extra={"error": exc},  # the whole error, for handlers that show why (the CLI)
         )
 
     retrying = tenacity.AsyncRetrying(

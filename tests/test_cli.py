@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import re
 import signal
@@ -14,16 +15,22 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 
 from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
+from asyncsubs.cli._checkpoint import PullCheckpoint
+from asyncsubs.cli._config_file import load_config
+from asyncsubs.cli._demo import _env_name
+from asyncsubs.cli._progress import _LIVE_HEADERS, Tracker, _live_row, _progress_line
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV = "ASYNCSUBS_BASE_URL"
@@ -115,6 +122,112 @@ def test_pull_after_cursor_continues_after_that_page(
     assert ids == [r["id"] for r in server.records("acme", "customers")[50:]]
 
 
+def page_cursors(server: FakeAdminServer, resource: str, page_size: int) -> list[str]:
+    """The cursor after each page but the last."""
+
+    async def cursors() -> list[str]:
+        token = server.store("acme").token
+        async with AdminClient(token=token, base_url=server.base_url) as client:
+            call = getattr(client, resource).list(page_size=page_size, model=dict)
+            return [str(page.next_cursor) async for page in call.pages() if page.next_cursor]
+
+    return asyncio.run(cursors())
+
+
+def jsonl(records: Sequence[Any]) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in records)
+
+
+def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    # What a pull killed after writing its first page, and part of a second one, leaves.
+    out = tmp_path / "customers.jsonl"
+    expected = server.records("acme", "customers")
+    first = jsonl(expected[:50])
+    out.write_bytes(first + orjson.dumps(expected[50])[:7])
+    checkpoint = PullCheckpoint(
+        resource="customers",
+        base_url=server.base_url,
+        after_cursor=None,
+        cursor=page_cursors(server, "customers", 50)[0],
+        offset=len(first),
+        records=50,
+        pages=1,
+    )
+    checkpoint.save(out)
+    assert main(pull_args(server, "customers", "-o", str(out))) == 0
+    assert out.read_bytes() == jsonl(expected)
+    assert not PullCheckpoint.path_for(out).exists()  # complete: nothing left to continue
+    assert "137 customers in 2 pages" in capsys.readouterr().err
+    # A different command on the same file does not continue someone else's checkpoint.
+    checkpoint.save(out)
+    assert main(pull_args(server, "orders", "-o", str(out))) == 2
+    assert "pass --restart to start over" in capsys.readouterr().err
+    assert main(pull_args(server, "orders", "-o", str(out), "--restart", "-q")) == 0
+    assert out.read_bytes() == jsonl(server.records("acme", "orders"))
+    assert not PullCheckpoint.path_for(out).exists()
+
+
+def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    after_first, after_second = page_cursors(server, "orders", 50)
+    expected = server.records("acme", "orders")
+    out = tmp_path / "orders.jsonl"
+    out.write_bytes(jsonl(expected[50:100]))  # the first page after --after-cursor
+    checkpoint = PullCheckpoint(
+        resource="orders",
+        base_url=server.base_url,
+        after_cursor=after_first,
+        cursor=after_second,
+        offset=out.stat().st_size,
+        records=50,
+        pages=1,
+    )
+    checkpoint.save(out)
+    assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 2  # not the same command
+    assert "after another cursor; pass --restart" in capsys.readouterr().err
+    assert main(pull_args(server, "orders", "--after-cursor", after_first, "-o", str(out))) == 0
+    assert out.read_bytes() == jsonl(expected[50:])
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_stopped_pull_to_a_file_resumes_by_rerunning_it(tmp_path: Path, how: str) -> None:
+    stores = [FakeStoreConfig("slow", records=400)]
+    with serve_in_thread(stores=stores, rate_limits=None, latency=0.01) as server:
+        out = tmp_path / "subs.jsonl"
+        command = [
+            *(sys.executable, "-m", "asyncsubs", "pull", "subscriptions"),
+            *("--base-url", server.base_url, "--token", server.store("slow").token),
+            *("--page-size", "10", "--rate", "1000/s", "-o", str(out)),
+        ]
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            for _ in range(500):  # the one bounded wait: until some pages are checkpointed
+                saved = PullCheckpoint.load(out)
+                if (saved is not None and saved.records >= 100) or proc.poll() is not None:
+                    break
+                time.sleep(0.01)
+            proc.send_signal(getattr(signal, how))
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        saved = PullCheckpoint.load(out)
+        assert saved is not None, "the pull finished before it was stopped"
+        if how != "SIGKILL":
+            assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[how]
+            assert b"rerun the same command to continue" in err
+        rerun = subprocess.run(command, capture_output=True, timeout=60, check=False)
+        assert rerun.returncode == 0, rerun.stderr.decode()
+        expected = server.records("slow", "subscriptions")
+        assert out.read_bytes() == jsonl(expected)
+        assert f"{saved.records:,} records of them before resuming".encode() in rerun.stderr
+        assert not PullCheckpoint.path_for(out).exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: exit code and one line, no traceback
 
@@ -168,7 +281,7 @@ def unused_port() -> int:
 def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
     args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
-    assert main(args) == 1
+    assert main([*args, "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     (line,) = error_lines(err)
@@ -192,6 +305,26 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
         (["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--limit", "0"], ""),
         (["sync", "--config", "missing.toml", "--db", "x.db"], "cannot read the config file"),
         (["sync", "--config", "missing.toml", "--db", "mysql://h/db"], "only SQLite"),
+        (
+            ["pull", "orders", "--base-url", "http://[::1:19100", "--token", "t"],
+            "asyncsubs: error: --base-url: not a valid URL (Invalid IPv6 URL): ",
+        ),
+        (
+            ["pull", "orders", "--base-url", "http://127.0.0.1:notaport", "--token", "t"],
+            "asyncsubs: error: --base-url: not a valid URL (Port could not be cast",
+        ),
+        (
+            ["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--rate", "-1/s"],
+            "argument --rate: a rate looks like",
+        ),
+        (
+            ["pull", "orders", "--base-url", "http://x.example", "--token", "t"],
+            "use https:// (or --allow-insecure on a trusted network)",
+        ),
+        (
+            ["sync", "--config", "missing.toml", "--db", "sqlite://rel.db"],
+            "three slashes before a relative path (sqlite:///rel.db)",
+        ),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
     ],
@@ -207,7 +340,85 @@ def test_help_and_version(capsys: Any) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("asyncsubs ")
     assert main(["sync", "--help"]) == 0
-    assert "--config" in capsys.readouterr().out
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--config" in help_text
+    assert "stores synced at once (default: 32)" in help_text
+    assert main(["pull", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(the server may clamp it) (default: 250)" in help_text
+    assert "seconds per attempt (default: 30.0)" in help_text
+    assert "(default: None)" not in help_text
+    # fake-server shows no progress, so it offers no progress options.
+    assert main(["fake-server", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "--debug" in help_text
+    assert "--progress" not in help_text
+    assert "--quiet" not in help_text
+
+
+def test_progress_rich_without_rich_exits_2_with_the_install_hint(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setattr("asyncsubs.cli._progress._rich_available", lambda: False)
+    server.clear_requests()
+    assert main(pull_args(server, "orders", "--progress", "rich")) == 2
+    assert capsys.readouterr().err == (
+        "asyncsubs: error: --progress rich needs the rich package: pip install 'asyncsubs[cli]'\n"
+    )
+    assert server.requests == []
+
+
+def test_interrupted_run_shows_interrupted_in_the_live_tables_last_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncsubs.cli._app import CommandFailed, run_async
+    from asyncsubs.cli._progress import Tracker
+
+    pytest.importorskip("rich")
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    tracker = Tracker()
+    row = tracker.add("acme", "orders")
+
+    async def stopped_by_ctrl_c() -> None:
+        tracker.start(row, None)
+        raise KeyboardInterrupt
+
+    with pytest.raises(CommandFailed) as info:
+        run_async(stopped_by_ctrl_c, tracker, "rich", 1.0)
+    assert info.value.code == 130
+    last_frame = stream.getvalue().strip().splitlines()
+    (line,) = [x for x in last_frame if x.startswith("acme ")]
+    assert "interrupted" in line
+    assert "running" not in line
+
+
+def test_plain_progress_prints_a_failure_once(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", "revoked-token")
+    args = ["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "--progress", "plain"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("AuthenticationError") == 1, err
+    assert re.search(r"^\[\s*[\d.]+s\] acme/orders: FAILED: AuthenticationError: ", err, re.M)
+
+
+def test_demo_with_a_database_that_is_not_sqlite_prints_no_summary(
+    tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "notdb.db"
+    db.write_text("not a database " * 100)
+    assert main(["demo", "--quick", "--stores", "1", "--db", str(db)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"asyncsubs: error: database {db}: ")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,9 +444,24 @@ def test_demo_without_a_terminal(
         assert conn.execute("SELECT count(*) FROM subscriptions").fetchone()[0] == 600
 
 
-def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
+@attrs.frozen
+class FakeServerRun:
+    """A ``fake-server`` process and what it printed."""
+
+    base_url: str
+    tokens: Mapping[str, str]
+    printed: Sequence[str]
+    #: Its stores.toml, saved, and the token variables that go with it.
+    config: Path
+    env: Mapping[str, str]
+
+
+@contextlib.contextmanager
+def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
+    """``asyncsubs fake-server --port 0 ARGS`` as a user starts it; stopped with Ctrl-C (exit
+    code 0 checked) when the block ends."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncsubs", "fake-server", "--port", "0", "--records", "5"],
+        [sys.executable, "-m", "asyncsubs", "fake-server", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -243,21 +469,21 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
     )
     try:
         assert proc.stdout is not None
-        header = proc.stdout.readline()
-        match = re.match(r"fake admin server on (http://127\.0\.0\.1:\d+) ", header)
-        assert match, header
+        printed = [proc.stdout.readline()]
+        match = re.match(r"fake admin server on (http://127\.0\.0\.1:\d+) ", printed[0])
+        assert match, printed[0]
         tokens = {}
-        for _ in range(10):
-            line = proc.stdout.readline()
-            if found := re.match(r"store (\S+): token (\S+)$", line):
+        while not printed[-1].startswith("asyncsubs sync "):
+            printed.append(proc.stdout.readline())
+            if found := re.match(r"store (\S+): token (\S+)$", printed[-1]):
                 tokens[found[1]] = found[2]
-            elif tokens:
-                break
-        assert set(tokens) == {"store-1", "store-2"}
-        out = tmp_path / "subs.jsonl"
-        args = ["pull", "subscriptions", "--base-url", match[1], "--token", tokens["store-2"]]
-        assert main([*args, "-o", str(out), "-q"]) == 0
-        assert len(out.read_bytes().splitlines()) == 5
+        last_env = f'token_env = "{_env_name(list(tokens)[-1])}"'
+        while not printed[-1].startswith(last_env):
+            printed.append(proc.stdout.readline())
+        config = tmp_path / "stores.toml"
+        config.write_text("".join(printed[printed.index("[defaults]\n") :]), encoding="utf-8")
+        env = {_env_name(name): token for name, token in tokens.items()}
+        yield FakeServerRun(match[1], tokens, printed, config, env)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -268,6 +494,54 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
             proc.stdout.close()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
+    with fake_server_process(tmp_path, "--records", "5") as run:
+        assert set(run.tokens) == {"store-1", "store-2"}
+        pull_line = next(x for x in run.printed if x.startswith("asyncsubs pull "))
+        assert pull_line.endswith(" --rate 2/1s\n")  # the server's pool: 2 requests per second
+        configs = load_config(run.config, run.env)
+        assert [c.store for c in configs] == ["store-1", "store-2"]
+        for config in configs:  # what the server enforces and serves
+            assert config.page_size == 250
+            assert config.limits.global_rate == ServerRateLimits().global_rate
+            assert dict(config.limits.heavy) == dict(ServerRateLimits().heavy)
+        out = tmp_path / "subs.jsonl"
+        args = ["pull", "subscriptions", "--base-url", run.base_url]
+        assert main([*args, "--token", run.tokens["store-2"], "-o", str(out), "-q"]) == 0
+        assert len(out.read_bytes().splitlines()) == 5
+
+
+def first_sync_429s(tmp_path: Path, stores: int) -> int:
+    """The 429s the first ``sync`` of a just-started ``fake-server --stores N`` draws, with the
+    stores.toml it prints: the new user's path of issue 15, item 6."""
+    with fake_server_process(tmp_path, "--stores", str(stores)) as run:
+        db = tmp_path / "fake.db"
+        sync = subprocess.run(
+            [
+                *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(run.config)),
+                *("--db", str(db), "--log-format", "json"),
+            ],
+            env={**os.environ, **run.env},
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert sync.returncode == 0, sync.stderr.decode()
+        done = [orjson.loads(line) for line in sync.stderr.splitlines()]
+        done = [event for event in done if event["event"] == "done"]
+        assert len(done) == 3 * stores
+        return sum(int(event["rate_limited"]) for event in done)
+
+
+@pytest.mark.xfail(
+    reason="issue 15 item 6: the rate limiter rewrite is to make a cold server's first sync "
+    "429-free; strict once it lands",
+    strict=False,
+)
+def test_first_sync_of_a_fresh_fake_server_draws_no_429s(tmp_path: Path) -> None:
+    assert first_sync_429s(tmp_path, stores=20) == 0
 
 
 def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,3 +567,82 @@ def test_pull_writes_integers_beyond_64_bits_exactly(
     finally:
         server.clear_scripted()
     assert out.read_bytes() == b'{"id":18446744073709551617}\n{"id":18446744073709551618}\n'
+
+
+def test_pull_and_sync_ask_for_250_records_a_page_by_default(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.clear_requests()
+    assert main(pull_args(server, "orders", "-o", str(tmp_path / "o.jsonl"), "-q")) == 0
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n'
+        '[defaults.limits]\nheavy = { orders = "1000/s" }\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", server.store("acme").token)
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "-q"]) == 0
+    sizes = [r.query.get("pageSize") for r in server.requests]
+    assert sizes == ["250", "250"]  # one page each: 137 records
+
+
+# ---------------------------------------------------------------------------------------------
+# While retrying: the last error's reason; -v; --log-format json
+
+
+def test_retries_show_their_reason_and_json_lines_carry_every_event(capsys: Any) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "3"]
+    args += ["--rate", "1000/s"]  # retries are paced like any request
+    assert main([*args, "--log-format", "json", "-v"]) == 1
+    err = capsys.readouterr().err
+    events = [orjson.loads(line) for line in err.splitlines()]  # every line is one JSON object
+    assert [e["event"] for e in events] == ["start", "retry", "retry", "failed"]
+    for event in events:
+        assert set(event) >= {"time", "level", "store", "resource", "event", "requests"}
+        assert (event["store"], event["resource"]) == ("127.0.0.1", "orders")
+        assert event["time"].endswith("Z")
+    retry = events[1]
+    assert retry["level"] == "warning"
+    assert retry["last_error"].startswith("TransportError: GET orders: ")
+    assert events[-1]["level"] == "error"
+    assert events[-1]["error"].startswith("TransportError: GET orders: ")
+    assert events[-1]["requests"] == 3
+    # Without -v the retries are not events, but the row still knows the last one's reason.
+    assert main([*args, "--progress", "plain"]) == 1
+    err = capsys.readouterr().err
+    assert "retrying after" not in err
+    assert err.count("TransportError") == 1  # the failure, once
+
+
+def test_live_row_and_progress_line_show_elapsed_time_and_the_last_error() -> None:
+    tracker = Tracker()
+    row = tracker.add("acme", "orders")
+    tracker.start(row, None)
+    tracker.retry(row, "ServerError: GET orders: HTTP 503 " + "x" * 100)
+    now = time.monotonic()
+    cells = _live_row(row, now + 2.0)
+    assert cells[_LIVE_HEADERS.index("time")] == "2.0s"
+    last = cells[_LIVE_HEADERS.index("last error")]
+    assert last.startswith("ServerError: GET orders: HTTP 503 ")
+    assert len(last) == 60  # shortened to fit; the plain line has it whole
+    assert _progress_line(row, now).endswith(
+        "; last error: ServerError: GET orders: HTTP 503 " + "x" * 100
+    )
+
+
+def test_a_config_error_the_client_finds_late_exits_2(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from asyncsubs._pagination import ListCall
+    from asyncsubs.errors import ConfigError
+
+    async def refuse(*_: Any, **__: Any) -> Any:
+        # As the client's first attempt of a hopeless request raises it.
+        raise ConfigError("base_url: the server speaks plain http on this port")
+        yield  # an async generator, like ListCall.pages
+
+    monkeypatch.setattr(ListCall, "pages", refuse)
+    assert main(pull_args(server, "orders", "-q")) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line == "asyncsubs: error: base_url: the server speaks plain http on this port"

@@ -12,6 +12,7 @@ import io
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +26,8 @@ import pytest
 
 from asyncsubs.__main__ import main
 from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
-from asyncsubs.cli._progress import Tracker, _PlainDisplay
+from asyncsubs.cli._lock import hold_database
+from asyncsubs.cli._progress import Tracker, _live_row, _PlainDisplay
 from asyncsubs.errors import ConfigError
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
@@ -254,7 +256,7 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
     try:
         wait_for_progress(db, proc, 300)
         proc.send_signal(getattr(signal, how))
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -268,6 +270,13 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
         assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[how]
         assert b"interrupted; every committed page is kept" in err
         assert b"Traceback" not in err
+        # The summary counts the rows in the table of what was interrupted, too.
+        lines = out.decode().splitlines()
+        header = next(line for line in lines if line.startswith("store "))
+        rows = slice(header.index("rows"), header.index("requests"))
+        interrupted = [line for line in lines if re.match(r"store-\d\s+\w+\s+interrupted", line)]
+        assert interrupted, out
+        assert all(line[rows].strip().replace(",", "").isdigit() for line in interrupted), out
 
     rerun = subprocess.run(
         [*SYNC_COMMAND, "--config", str(config), "--db", str(db)],
@@ -308,12 +317,20 @@ def test_plain_progress_lines() -> None:
     tracker.page(row, 25)
     display.tick()
     tracker.finish(row, rows=90)
+    one = tracker.add("acme", "customers")
+    tracker.start(one, None)
+    tracker.page(one, 1)
+    tracker.finish(one, rows=1)
     lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines[-1].startswith("acme/customers: done, 1 record in 1 page (")
+    assert lines[-1].endswith("s); 1 row in the table for this store")
     assert lines[0] == "acme/orders: resuming from its saved cursor"
     assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
     assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")
     assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
     assert lines[2].endswith("; 90 rows in the table for this store")
+    # The live table's records cell says what the interrupted process committed, too.
+    assert _live_row(row, time.monotonic())[3] == "50 (+40 before)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +388,9 @@ def test_config_collects_every_problem(tmp_path: Path) -> None:
         """
 [defaults]
 page_sise = 10
+timeout = 0
+[defaults.limits]
+heavy = "abc"
 
 [stores.a]
 base_url = "http://example.com"
@@ -380,19 +400,47 @@ resources = ["orders", "refunds"]
 [stores.b]
 base_url = "https://b.example"
 token_env = "B_TOKEN"
-limits = { global = "fast" }
+max_attempts = 0
+limits = { global = "fast", heavy = { subscription = "3/s", orders = "0/s" }, max_in_flight = -1 }
+
+[stores."c d"]
+base_url = "http://127.0.0.1:notaport"
+token_env = "A_TOKEN"
+limits = { global = { per = 2.0 } }
 """,
         encoding="utf-8",
     )
     with pytest.raises(ConfigFileError) as info:
         load_config(path, {"A_TOKEN": "x"})
-    problems = "\n".join(info.value.problems)
-    assert "unknown key 'page_sise' in [defaults]" in problems
-    assert "store 'a': plain http://" in problems
-    assert "store 'a': unknown resource 'refunds'" in problems
-    assert "store 'b': environment variable B_TOKEN (its token) is not set" in problems
-    assert "store 'b': a rate looks like" in problems
-    assert len(info.value.problems) == 5
+    rate = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
+    assert info.value.problems == (
+        "defaults.page_sise: unknown key (did you mean 'page_size'?)",
+        "defaults.timeout: must be a number of seconds > 0, got 0",
+        "defaults.limits.heavy: must be a table of resource = rate, got 'abc'",
+        "stores.a.resources: unknown resource 'refunds' (known: subscriptions, customers, orders)",
+        "stores.a.base_url: plain http:// would send the token unencrypted; use https:// (or "
+        "allow_insecure = true on a trusted network)",
+        "stores.b.max_attempts: must be a whole number >= 1, got 0",
+        f"stores.b.limits.global: {rate}, got 'fast'",
+        "stores.b.limits.heavy.subscription: unknown key (did you mean 'subscriptions'?)",
+        "stores.b.limits.heavy.orders: a rate needs a whole number of requests >= 1, got '0/s'",
+        "stores.b.limits.max_in_flight: must be a whole number >= 1, got -1",
+        "stores.b.token_env: environment variable B_TOKEN is not set",
+        "stores.\"c d\".limits.global: a rate table has exactly the keys n and per, got ['per']",
+        'stores."c d".base_url: not a valid URL (Port could not be cast to integer value as '
+        "'notaport'): 'http://127.0.0.1:notaport'",
+    )
+    # Never the library's internal names.
+    assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
+
+
+def test_rate_tables_need_both_keys_and_values_in_range() -> None:
+    assert parse_rate({"n": 2, "per": 3.0}) == parse_rate("2/3s")
+    assert parse_rate(5) == parse_rate("5/s")
+    for bad in ({"n": 2}, {"per": 2.0}, {"n": 0, "per": 1}, "0/s", "1/0s", -1, 2.5, True, "abc"):
+        with pytest.raises(ConfigError) as info:
+            parse_rate(bad)
+        assert "Rate." not in str(info.value)
 
 
 def test_db_urls() -> None:
@@ -413,6 +461,11 @@ def test_db_urls() -> None:
             '[stores.a]\nbase_url = "{url}"\ntoken_env = "A_TOKEN"\nresources = ["refunds"]\n',
             {"A_TOKEN": "t"},
             "unknown resource 'refunds'",
+        ),
+        (
+            '[defaults.limits]\nheavy = "abc"\n',
+            {},
+            "asyncsubs: error: defaults.limits.heavy: must be a table of resource = rate",
         ),
     ],
 )
@@ -452,3 +505,23 @@ def test_database_that_is_not_sqlite_exits_1(
     assert err.count("\n") == 1
     assert err.startswith(f"asyncsubs: error: database {db}: ")
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "no" / "x.db")]) == 2
+
+
+def test_second_sync_on_a_database_in_use_exits_2_naming_the_holder(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    db = tmp_path / "subs.db"
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", f"sqlite:///{db}", "--quiet"]
+    server.clear_requests()
+    with hold_database(db):  # as a first sync still running would
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"asyncsubs: error: --db: {db} is in use by another asyncsubs command (pid "
+        f"{os.getpid()} on host {socket.gethostname()}, since {err.split('since ')[1]}"
+    )
+    assert err.endswith("); run one sync per database at a time\n")
+    assert server.requests == []  # nothing resumed, nothing sent
+    assert main(args) == 0  # the lock goes with its holder
+    assert_exact(db, server)

@@ -445,8 +445,8 @@ def test_missing_webhook_secret_is_a_config_error_only_with_listen(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err == (
-        "asyncsubs: error: store 'acme': environment variable ACME_WEBHOOK_SECRET "
-        "(its webhook secret) is not set\n"
+        "asyncsubs: error: stores.acme.webhook_secret_env: environment variable "
+        "ACME_WEBHOOK_SECRET is not set\n"
     )
     assert not db.exists()  # nothing was opened, nothing was sent
 
@@ -476,9 +476,10 @@ def test_listen_needs_a_secret_variable_per_store(tmp_path: Path) -> None:
     with pytest.raises(ConfigFileError) as info:
         load_config(config, {"T": "t"}, listen=True)
     assert info.value.problems == (
-        "store 'acme': webhook_secret_env is required with --listen (the name of the "
+        "stores.acme: webhook_secret_env is required with --listen (the name of the "
         "environment variable holding the store's webhook secret)",
-        "store 'globex': webhook_secret_env must name an environment variable",
+        "stores.globex.webhook_secret_env: must be the NAME of an environment variable, got "
+        "'not a name'",
     )
     config.write_text(config.read_text().replace("not a name", "G_SECRET"), encoding="utf-8")
     config.write_text(

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -27,24 +28,32 @@ from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
 from .._pagination import DEFAULT_PREFETCH
 from .._version import __version__
 from ..errors import AsyncSubsError, ConfigError
+from ._checkpoint import PullCheckpoint
 from ._config_file import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_VERSION,
     RESOURCES,
     ConfigFileError,
     StoreConfig,
+    check_base_url,
     load_config,
     parse_db_url,
     parse_rate,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, parse_listen, run_listen
+from ._lock import hold_database
 from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
     Mode,
     Tracker,
+    capture_retries,
     choose_mode,
+    plural,
     print_table,
     show_progress,
+    utc_now,
 )
-from ._sync import DEFAULT_MAX_STORES, DatabaseError, describe_error, run_sync
+from ._sync import DEFAULT_MAX_STORES, DatabaseError, count_rows, describe_error, run_sync
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -66,16 +75,27 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def error(message: str) -> None:
+#: ``--log-format json`` for the command running now: errors and notes as JSON lines too.
+_json_lines = False
+
+
+def _say(level: str, message: str) -> None:
+    if _json_lines:
+        record = {"time": utc_now(), "level": level, "event": level, "message": message}
+        text = orjson.dumps(record).decode()
+    else:
+        text = f"{PROG}: error: {message}" if level == "error" else f"{PROG}: {message}"
     with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.stderr.write(text + "\n")
         sys.stderr.flush()
+
+
+def error(message: str) -> None:
+    _say("error", message)
 
 
 def note(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"{PROG}: {message}\n")
-        sys.stderr.flush()
+    _say("note", message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,8 +143,30 @@ def _resource_list(values: Sequence[str] | None) -> list[str] | None:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-def _output_options() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default where it has one (not None, not a flag's off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "%(default)" in text
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _output_options() -> _Parser:
+    parent = _Parser(add_help=False)
     group = parent.add_argument_group("output")
     group.add_argument(
         "-q", "--quiet", action="store_true", help="no progress and no summary (errors only)"
@@ -140,7 +182,20 @@ def _output_options() -> argparse.ArgumentParser:
         type=_positive_float,
         default=DEFAULT_PLAIN_INTERVAL,
         metavar="SECONDS",
-        help=f"seconds between plain progress lines (default {DEFAULT_PLAIN_INTERVAL:g})",
+        help="seconds between plain progress lines",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also a line for every failed attempt that is retried, with its error",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: progress, notes and errors on stderr as one JSON object per line (time, "
+        "level, store, resource, event and figures), never a live table",
     )
     group.add_argument(
         "--debug", action="store_true", help="tracebacks on errors and debug logging"
@@ -151,12 +206,14 @@ def _output_options() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     from ._demo import add_demo_parsers
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Pull from or sync the subscription service's admin interface.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
     output = _output_options()
 
     pull = commands.add_parser(
@@ -176,10 +233,33 @@ def build_parser() -> argparse.ArgumentParser:
         "command lines are visible to other users)",
     )
     pull.add_argument("--store", help="rate-limit identity of the store (default: derived)")
-    pull.add_argument("--page-size", type=_positive_int, metavar="N", help="records per request")
+    pull.add_argument(
+        "--page-size",
+        type=_positive_int,
+        default=DEFAULT_PAGE_SIZE,
+        metavar="N",
+        help="records per request (the server may clamp it)",
+    )
     pull.add_argument("--after-cursor", metavar="C", help="resume after this cursor")
     pull.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N records")
-    pull.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    pull.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE instead of stdout; a rerun of the same command continues after the "
+        "last whole page written (checkpoint: FILE.asyncsubs-checkpoint)",
+    )
+    pull.add_argument(
+        "--restart",
+        action="store_true",
+        help="with -o: start over even if FILE has a checkpoint to continue from",
+    )
+    pull.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="allow a plain http:// base URL that is not loopback (a trusted network only: "
+        "the token travels unencrypted)",
+    )
     pull.add_argument(
         "--rate",
         type=_rate,
@@ -187,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the list endpoint's rate-limit pool, e.g. 2/s or 3/2s (default: the library's "
         "conservative 1/s)",
     )
-    pull.add_argument("--api-version", default="2026-04", metavar="V", help="path version")
+    pull.add_argument("--api-version", default=DEFAULT_VERSION, metavar="V", help="path version")
     pull.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per attempt")
     pull.add_argument(
         "--max-attempts", type=_positive_int, default=6, metavar="N", help="attempts per request"
@@ -219,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_MAX_STORES,
         metavar="N",
-        help=f"stores synced at once (default {DEFAULT_MAX_STORES})",
+        help="stores synced at once",
     )
     sync.add_argument(
         "--store",
@@ -240,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconcile-every",
         type=_positive_float,
         metavar="SECONDS",
-        help=f"seconds between reconciliation pulls with --listen "
-        f"(default {DEFAULT_RECONCILE_EVERY:g})",
+        help="seconds between reconciliation pulls with --listen "
+        f"(default: {DEFAULT_RECONCILE_EVERY:g})",
     )
     sync.set_defaults(handler=cmd_sync)
 
@@ -274,13 +354,18 @@ def run_async(
                 installed = True
         try:
             async with show_progress(tracker, mode, interval=interval):
-                await coro_factory()
+                try:
+                    await coro_factory()
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    # Before the display's last refresh, so it shows them as interrupted.
+                    tracker.interrupt_running()
+                    raise
         finally:
             if installed:
                 loop.remove_signal_handler(signal.SIGTERM)
 
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        with capture_retries(tracker), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(body())
     except KeyboardInterrupt:
         tracker.interrupt_running()
@@ -310,6 +395,15 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"no token: pass --token or set {TOKEN_ENV}")
     if not base_url:
         raise ConfigError(f"no base URL: pass --base-url or set {BASE_URL_ENV}")
+    try:
+        check_base_url(
+            base_url,
+            version=args.api_version,
+            allow_insecure=args.allow_insecure,
+            insecure_hint="or --allow-insecure",
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"--base-url: {exc}") from None
     limits = None
     if args.rate is not None:
         limits = Limits(heavy={**DEFAULT_HEAVY, args.resource: args.rate})
@@ -321,38 +415,104 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "version": args.api_version,
         "timeout": args.timeout,
         "retry": RetryPolicy(max_attempts=args.max_attempts),
+        "allow_insecure": args.allow_insecure,
         "user_agent": "asyncsubs-cli",
     }
 
 
+def _open_output(
+    args: argparse.Namespace, base_url: str
+) -> tuple[IO[bytes], PullCheckpoint | None]:
+    """``-o FILE`` opened to write at the end of its checkpointed prefix (a rerun continues),
+    or from the start (no checkpoint, or ``--restart``)."""
+    output = Path(args.output)
+    checkpoint = None if args.restart else PullCheckpoint.load(output)
+    if checkpoint is not None:
+        this_pull = (args.resource, base_url, args.after_cursor)
+        if (checkpoint.resource, checkpoint.base_url, checkpoint.after_cursor) != this_pull:
+            after = "" if checkpoint.after_cursor is None else " after another cursor"
+            raise ConfigError(
+                f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
+                f"{checkpoint.base_url}{after}; pass --restart to start over"
+            )
+    try:
+        if checkpoint is None:
+            PullCheckpoint.remove(output)
+            return open(output, "wb"), None
+        out = open(output, "r+b")  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{output} is gone but its checkpoint is not; pass --restart to start over"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
+    size = out.seek(0, os.SEEK_END)
+    if size < checkpoint.offset:
+        out.close()
+        raise ConfigError(
+            f"{output} is shorter than its checkpoint says ({size:,} < {checkpoint.offset:,} "
+            "bytes); pass --restart to start over"
+        )
+    # Bytes after the checkpoint belong to a page whose checkpoint was never written.
+    out.truncate(checkpoint.offset)
+    out.seek(checkpoint.offset)
+    return out, checkpoint
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     kwargs = _client_kwargs(args)
+    if args.restart and args.output is None:
+        raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
     # Validates token and URL now, so a usage error exits 2 before any request.
     AdminClient(**kwargs)
     label = args.store or urlsplit(kwargs["base_url"]).hostname or "store"
-    tracker = Tracker()
+    tracker = Tracker(verbose=args.verbose)
     row = tracker.add(label, args.resource)
     resume: dict[str, str | None] = {"cursor": args.after_cursor}
     opened: IO[bytes] | None = None
+    checkpoint: PullCheckpoint | None = None
+    output = None if args.output is None else Path(args.output)
     if args.output is not None:
-        try:
-            opened = open(args.output, "wb")  # noqa: SIM115 - closed in the finally below
-        except OSError as exc:
-            raise ConfigError(f"cannot write {args.output}: {exc.strerror}") from None
+        opened, checkpoint = _open_output(args, kwargs["base_url"])
     out = opened if opened is not None else sys.stdout.buffer
+    before = 0 if checkpoint is None else checkpoint.records
+    pages_before = 0 if checkpoint is None else checkpoint.pages
+    if checkpoint is not None:
+        resume["cursor"] = checkpoint.cursor
+
+    def save(cursor: str | None) -> None:
+        if output is None:
+            return
+        if cursor is None:
+            PullCheckpoint.remove(output)  # complete: nothing to continue
+            return
+        PullCheckpoint(
+            resource=args.resource,
+            base_url=kwargs["base_url"],
+            after_cursor=args.after_cursor,
+            cursor=cursor,
+            offset=out.tell(),
+            records=before + row.records,
+            pages=pages_before + row.pages,
+        ).save(output)
 
     async def pull() -> None:
         async with AdminClient(**kwargs) as client:
-            tracker.start(row, client)
-            written = 0
+            tracker.start(row, client, resumed=checkpoint is not None, resumed_records=before)
+            written = before
             try:
                 call = getattr(client, args.resource).list(
                     page_size=args.page_size,
-                    after_cursor=args.after_cursor,
+                    after_cursor=resume["cursor"],
                     model=dict,
                     # With --limit, a page fetched ahead would likely be thrown away.
                     prefetch=0 if args.limit is not None else DEFAULT_PREFETCH,
                 )
+                if args.limit is not None and written >= args.limit:
+                    resume["cursor"] = None
+                    save(None)
+                    tracker.finish(row)
+                    return
                 async with contextlib.aclosing(call.pages()) as pages:
                     async for page in pages:
                         records = page.data
@@ -363,11 +523,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         out.flush()
                         written += len(records)
                         tracker.page(row, len(records))
-                        resume["cursor"] = (
-                            page.next_cursor if len(records) == len(page.data) else None
-                        )
-                        if args.limit is not None and written >= args.limit:
+                        done = args.limit is not None and written >= args.limit
+                        resume["cursor"] = None if done else page.next_cursor
+                        save(resume["cursor"])
+                        if done:
                             break
+            except ConfigError:
+                raise  # a usage error the client found only now: exit 2, not a failed pull
             except AsyncSubsError as exc:
                 log.debug("pull %s failed", args.resource, exc_info=True)
                 tracker.fail(row, describe_error(exc))
@@ -382,10 +544,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
     try:
         run_async(pull, tracker, mode, args.progress_interval)
     except CommandFailed:
-        if resume["cursor"] and row.pages:
+        if resume["cursor"] and (row.pages or checkpoint is not None):
             note(
-                f"interrupted after {row.records:,} records; "
-                f"resume with --after-cursor {resume['cursor']}"
+                f"interrupted after {plural(before + row.records, 'record')}; "
+                f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise
     except BrokenPipeError:
@@ -397,19 +559,33 @@ def cmd_pull(args: argparse.Namespace) -> int:
         if opened is not None:
             opened.close()
     if row.state == "failed":
-        lines = [f"{row.store}, {row.resource}: {row.error}"]
-        if resume["cursor"] and row.pages:
+        # The plain and JSON displays printed the failure when it happened.
+        lines = [] if mode in ("plain", "json") else [f"{row.store}, {row.resource}: {row.error}"]
+        if resume["cursor"] and (row.pages or checkpoint is not None):
             lines.append(
-                f"{row.records:,} records were written; "
-                f"resume with --after-cursor {resume['cursor']}"
+                f"{plural(before + row.records, 'record')} written; "
+                f"{_how_to_continue(args, resume['cursor'])}"
             )
         raise CommandFailed(lines)
     if not args.quiet:
-        note(f"{row.records:,} {args.resource} in {row.pages:,} pages ({row.elapsed():.1f}s)")
+        total = before + row.records
+        note(
+            f"{plural(total, args.resource[:-1])} in "
+            f"{plural(pages_before + row.pages, 'page')} ({row.elapsed():.1f}s)"
+            + (f", {plural(before, 'record')} of them before resuming" if before else "")
+        )
     return EXIT_OK
 
 
+def _how_to_continue(args: argparse.Namespace, cursor: str | None) -> str:
+    if args.output is not None:
+        return "rerun the same command to continue (--restart starts over)"
+    return f"resume with --after-cursor {cursor}"
+
+
 def _force(args: argparse.Namespace) -> str | None:
+    if args.log_format == "json":
+        return "json"
     if args.debug:
         return "plain"  # log lines and a live table do not mix
     return None if args.progress == "auto" else str(args.progress)
@@ -423,6 +599,7 @@ def sync_summary(
     stream: IO[str],
     passes: int | None = None,
 ) -> None:
+    count_rows(tracker, db)
     rows = []
     for row in tracker.rows.values():
         stats = row.pool_stats()
@@ -440,13 +617,13 @@ def sync_summary(
                 f"{row.elapsed():.1f}s",
             ]
         )
-    stores = len({row.store for row in tracker.rows.values()})
+    stores = plural(len({row.store for row in tracker.rows.values()}), "store")
     if passes is None:
-        done = f"{tracker.records:,} records from {stores} stores in {elapsed:.1f}s into {db}"
+        done = f"{plural(tracker.records, 'record')} from {stores} in {elapsed:.1f}s into {db}"
     else:  # --listen: the rows show the last pull; the total counts every one
         done = (
-            f"{tracker.pulled:,} records pulled in {passes} runs from {stores} stores in "
-            f"{elapsed:.1f}s into {db}; the rows show the last run"
+            f"{plural(tracker.pulled, 'record')} pulled in {plural(passes, 'run')} from "
+            f"{stores} in {elapsed:.1f}s into {db}; the rows show the last run"
         )
     print_table(
         "sync summary",
@@ -524,7 +701,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
         only_stores=args.store,
         listen=args.listen is not None,
     )
-    tracker = Tracker()
+    with hold_database(db_path):
+        return _sync(args, configs, db_path)
+
+
+def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Path) -> int:
+    tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     started = time.monotonic()
     if args.listen is not None:
@@ -544,10 +726,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
         raise
     if not args.quiet:
         sync_summary(tracker, time.monotonic() - started, db_path, stream=sys.stdout)
+    raise_failures(tracker, mode)
+    return EXIT_OK
+
+
+def raise_failures(tracker: Tracker, mode: Mode) -> None:
+    """CommandFailed (exit 1) when any (store, resource) failed, with one line each, unless
+    the plain display already printed each failure as a line of its own."""
     failed = tracker.failed
     if failed:
-        raise CommandFailed([f"store {row.store}, {row.resource}: {row.error}" for row in failed])
-    return EXIT_OK
+        lines = [f"store {row.store}, {row.resource}: {row.error}" for row in failed]
+        raise CommandFailed([] if mode in ("plain", "json") else lines)
 
 
 class _MessageLog(logging.Handler):
@@ -629,15 +818,51 @@ def _listen(
 # Entry point
 
 
+def _attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--rate -1/s`` as ``--rate=-1/s``: argparse takes a word starting with "-" for an
+    option (and says "expected one argument"), unless it is a plain negative number. No
+    option here starts with "-" and a digit, so such a word is always a value, and attached
+    to its option it reaches the option's own check and its message."""
+    result: list[str] = []
+    for arg in argv:
+        previous = result[-1] if result else ""
+        if re.match(r"-[\d.]", arg) and previous.startswith("--") and "=" not in previous:
+            result[-1] = f"{previous}={arg}"
+        else:
+            result.append(arg)
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler
-    with _debug_logging(args.debug):
-        return _run(handler, args)
+    global _json_lines
+    _json_lines = getattr(args, "log_format", "text") == "json"
+    try:
+        with _debug_logging(args.debug):
+            return _run(handler, args)
+    finally:
+        _json_lines = False
+
+
+class _JsonLogFormatter(logging.Formatter):
+    """``--debug --log-format json``: the library's log records as JSON lines too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": utc_now(),
+            "level": record.levelname.lower(),
+            "event": "log",
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
 
 
 @contextlib.contextmanager
@@ -648,7 +873,10 @@ def _debug_logging(enabled: bool) -> Iterator[None]:
         return
     logger = logging.getLogger("asyncsubs")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    if _json_lines:
+        handler.setFormatter(_JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

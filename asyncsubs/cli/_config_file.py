@@ -6,24 +6,30 @@ per run. Tokens are read from the environment variables the file names and never
 
 from __future__ import annotations
 
+import difflib
+import math
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import attrs
 
 from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
-from .._protocol import check_token, versioned_base
+from .._protocol import check_token, is_loopback, versioned_base
 from ..errors import ConfigError
 
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
     "RESOURCES",
     "ConfigFileError",
     "LISTEN_INCREMENTAL",
     "Incremental",
     "StoreConfig",
+    "check_base_url",
+    "key_path",
     "load_config",
     "parse_db_url",
     "parse_rate",
@@ -32,6 +38,10 @@ __all__ = [
 #: The list endpoints ``sync`` knows how to store (one table each).
 RESOURCES: Final = ("subscriptions", "customers", "orders")
 DEFAULT_VERSION: Final = "2026-04"
+#: Records per request unless configured. The heavy list pools allow a request or two per
+#: second, so records per request is what makes a pull fast: 250 is the fake server's largest
+#: page, and a server with a smaller maximum clamps pageSize (the interface names none).
+DEFAULT_PAGE_SIZE: Final = 250
 
 _STORE_KEYS: Final = frozenset(
     {
@@ -52,6 +62,7 @@ _DEFAULT_KEYS: Final = _STORE_KEYS - {"base_url", "token_env"}
 _LIMIT_KEYS: Final = frozenset({"global", "heavy", "max_in_flight", "safety_margin"})
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class ConfigFileError(ConfigError):
@@ -84,7 +95,7 @@ class StoreConfig:
     token: str = attrs.field(repr=False)
     token_env: str = ""
     resources: tuple[str, ...] = RESOURCES
-    page_size: int | None = None
+    page_size: int | None = DEFAULT_PAGE_SIZE
     limits: Limits = attrs.Factory(Limits)
     retry: RetryPolicy = attrs.Factory(RetryPolicy)
     timeout: float = 30.0
@@ -96,25 +107,38 @@ class StoreConfig:
     webhook_secret_env: str = ""
 
 
+_RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
+
+
 def parse_rate(value: object) -> Rate:
-    """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``."""
+    """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
+    (naming no internal field) otherwise."""
     if isinstance(value, Rate):
         return value
-    if isinstance(value, bool):
-        raise ConfigError(f"a rate looks like '50/s' or '2/3s', got {value!r}")
-    if isinstance(value, int):
-        return Rate(value, per=1.0)
+    n: object
+    per: object = 1.0
     if isinstance(value, str):
         match = _RATE_RE.match(value)
         if match is None:
-            raise ConfigError(f"a rate looks like '50/s' or '2/3s', got {value!r}")
-        return Rate(int(match[1]), per=float(match[2] or 1.0))
-    if isinstance(value, Mapping):
-        extra = set(value) - {"n", "per"}
-        if extra or "n" not in value:
-            raise ConfigError(f"a rate table has keys n and per, got {sorted(value)}")
-        return Rate(value["n"], per=value.get("per", 1.0))
-    raise ConfigError(f"a rate looks like '50/s' or '2/3s', got {value!r}")
+            raise ConfigError(f"{_RATE_HINT}, got {value!r}")
+        n, per = int(match[1]), float(match[2] or 1.0)
+    elif isinstance(value, Mapping):
+        # Both keys, always: a table missing one is more likely a typo than a default.
+        if set(value) != {"n", "per"}:
+            raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
+        n, per = value["n"], value["per"]
+    else:
+        n = value
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ConfigError(f"a rate needs a whole number of requests >= 1, got {value!r}")
+    if (
+        isinstance(per, bool)
+        or not isinstance(per, int | float)
+        or not math.isfinite(per)
+        or per <= 0
+    ):
+        raise ConfigError(f"a rate needs a period of seconds > 0, got {value!r}")
+    return Rate(n, per=float(per))
 
 
 def parse_db_url(url: str) -> Path:
@@ -123,6 +147,12 @@ def parse_db_url(url: str) -> Path:
         path = url
     elif url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
+    elif url.startswith("sqlite://"):
+        rest = url[len("sqlite://") :]
+        raise ConfigError(
+            f"--db: a SQLite URL has three slashes before a relative path "
+            f"(sqlite:///{rest}) and four before an absolute one (sqlite:////abs/{rest})"
+        )
     else:
         scheme = url.split("://", 1)[0]
         raise ConfigError(
@@ -134,104 +164,216 @@ def parse_db_url(url: str) -> Path:
     return Path(path)
 
 
-def _limits(table: Mapping[str, Any], where: str, problems: list[str]) -> Limits:
-    kwargs: dict[str, Any] = {}
-    for key in sorted(set(table) - _LIMIT_KEYS):
-        problems.append(f"{where}: unknown key {key!r} in limits")
+def check_base_url(url: str, *, version: str, allow_insecure: bool, insecure_hint: str) -> str:
+    """The versioned base URL, or ConfigError with one line saying what is wrong.
+
+    ``insecure_hint`` names how this caller allows plain http (a flag or a config key)."""
     try:
-        if "global" in table:
-            kwargs["global_rate"] = parse_rate(table["global"])
-        heavy = table.get("heavy")
-        if heavy is not None:
-            if not isinstance(heavy, Mapping):
-                raise ConfigError("limits.heavy must be a table of path = rate")
-            kwargs["heavy"] = {path: parse_rate(rate) for path, rate in heavy.items()}
-        if "max_in_flight" in table:
-            kwargs["max_in_flight"] = table["max_in_flight"]
-        if "safety_margin" in table:
-            kwargs["safety_margin"] = table["safety_margin"]
-        return Limits(**kwargs)
-    except ConfigError as exc:
-        problems.append(f"{where}: {exc}")
-        return Limits()
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise ConfigError(f"not a valid URL ({exc}): {url!r}") from None
+    if (
+        parts.scheme == "http"
+        and parts.hostname
+        and not allow_insecure
+        and not is_loopback(parts.hostname)
+    ):
+        raise ConfigError(
+            f"plain http:// would send the token unencrypted; use https:// ({insecure_hint} "
+            "on a trusted network)"
+        )
+    return versioned_base(url, version, allow_insecure=allow_insecure)
 
 
-def _merge_limits(defaults: Mapping[str, Any], store: Mapping[str, Any]) -> dict[str, Any]:
-    # A store's limits override the defaults key by key; heavy pools merge path by path.
-    merged = {**defaults, **store}
-    heavy: dict[str, Any] = {**DEFAULT_HEAVY}
-    for source in (defaults, store):
-        if isinstance(source.get("heavy"), Mapping):
-            heavy.update(source["heavy"])
-    merged["heavy"] = heavy
-    return merged
+def key_path(where: str, key: str) -> str:
+    """``key`` under the TOML key path ``where``, as written in the file:
+    ``key_path("stores.acme.limits.heavy", "orders")``; keys that are not bare are quoted."""
+    part = key if _BARE_KEY_RE.match(key) else f'"{key}"'
+    return f"{where}.{part}" if where else part
 
 
-def _resources(value: object, where: str, problems: list[str]) -> tuple[str, ...]:
+class _Problems:
+    """Collects one line per problem, each naming the key it is about."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.lines.append(f"{where}: {message}")
+
+    def unknown(self, where: str, key: str, known: Iterable[str]) -> None:
+        close = difflib.get_close_matches(key, list(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        self.add(key_path(where, key), f"unknown key{hint}")
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _positive_seconds(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _safety_margin(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ConfigError(f"must be a fraction in [0, 1), e.g. 0.02, got {value!r}")
+    return float(value)
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _version(value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "/?# "):
+        raise ConfigError(f'must look like "2026-04", got {value!r}')
+    return value
+
+
+def _env_name(value: object) -> str:
+    if not isinstance(value, str) or not _ENV_RE.match(value):
+        raise ConfigError(f"must be the NAME of an environment variable, got {value!r}")
+    return value
+
+
+def _resource_names(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        problems.append(f"{where}: resources must be a non-empty list of names")
-        return RESOURCES
+        raise ConfigError(f"must be a non-empty list of names ({', '.join(RESOURCES)})")
     unknown = [v for v in value if v not in RESOURCES]
     if unknown:
-        problems.append(
-            f"{where}: unknown resource {', '.join(map(repr, unknown))} "
-            f"(known: {', '.join(RESOURCES)})"
+        raise ConfigError(
+            f"unknown resource {', '.join(map(repr, unknown))} (known: {', '.join(RESOURCES)})"
         )
-    return tuple(dict.fromkeys(v for v in value if v in RESOURCES))
+    return tuple(dict.fromkeys(value))
 
 
-def _incremental(value: object, where: str, problems: list[str]) -> dict[str, Incremental]:
+def _table(value: object, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        problems.append(f"{where}: incremental must be a table of resource = {{param, field}}")
-        return {}
+        raise ConfigError(f"must be a table of {what}, got {value!r}")
+    return value
+
+
+def _limits(value: object, where: str, problems: _Problems) -> dict[str, Any] | None:
+    """The ``Limits`` keyword arguments a limits table sets (heavy: only the paths it names),
+    or None when something in it is wrong (each problem reported)."""
+    try:
+        table = _table(value, "global, heavy, max_in_flight, safety_margin")
+    except ConfigError as exc:
+        problems.add(where, str(exc))
+        return None
+    before = len(problems.lines)
+    kwargs: dict[str, Any] = {}
+    for key, item in table.items():
+        at = key_path(where, key)
+        try:
+            if key == "global":
+                kwargs["global_rate"] = parse_rate(item)
+            elif key == "heavy":
+                heavy = {}
+                for path, rate in _table(item, "resource = rate").items():
+                    if path not in RESOURCES:
+                        problems.unknown(at, path, RESOURCES)
+                        continue
+                    try:
+                        heavy[path] = parse_rate(rate)
+                    except ConfigError as exc:
+                        problems.add(key_path(at, path), str(exc))
+                kwargs["heavy"] = heavy
+            elif key == "max_in_flight":
+                kwargs["max_in_flight"] = _positive_int(item)
+            elif key == "safety_margin":
+                kwargs["safety_margin"] = _safety_margin(item)
+            else:
+                problems.unknown(where, key, _LIMIT_KEYS)
+        except ConfigError as exc:
+            problems.add(at, str(exc))
+    return kwargs if len(problems.lines) == before else None
+
+
+def _incremental(value: object, where: str, problems: _Problems) -> dict[str, Incremental] | None:
+    try:
+        table = _table(value, 'resource = { param = "...", field = "..." }')
+    except ConfigError as exc:
+        problems.add(where, str(exc))
+        return None
+    before = len(problems.lines)
     result: dict[str, Incremental] = {}
-    for resource, spec in value.items():
+    for resource, spec in table.items():
         if resource not in RESOURCES:
-            problems.append(f"{where}: incremental: unknown resource {resource!r}")
+            problems.unknown(where, resource, RESOURCES)
             continue
         if (
             not isinstance(spec, Mapping)
             or set(spec) != {"param", "field"}
             or not all(isinstance(v, str) and v for v in spec.values())
         ):
-            problems.append(
-                f"{where}: incremental.{resource} must be {{param = '...', field = '...'}}"
-            )
+            problems.add(key_path(where, resource), 'must be { param = "...", field = "..." }')
             continue
         result[resource] = Incremental(param=spec["param"], field=spec["field"])
-    return result
+    return result if len(problems.lines) == before else None
 
 
-def _webhook_secret(
-    values: Mapping[str, Any],
-    where: str,
-    env: Mapping[str, str],
-    problems: list[str],
-    *,
-    listen: bool,
-) -> tuple[str, str]:
-    """(secret, variable name). The variable is read only with ``--listen``: a plain sync of the
-    same config must not need a secret it never uses."""
-    name = values.get("webhook_secret_env")
-    if name is None:
-        if listen:
-            problems.append(
-                f"{where}: webhook_secret_env is required with --listen (the name of the "
-                "environment variable holding the store's webhook secret)"
-            )
-        return "", ""
-    if not isinstance(name, str) or not _ENV_RE.match(name):
-        problems.append(f"{where}: webhook_secret_env must name an environment variable")
-        return "", ""
-    if not listen:
-        return "", name
-    if name not in env:
-        problems.append(f"{where}: environment variable {name} (its webhook secret) is not set")
-        return "", name
-    if not env[name]:
-        problems.append(f"{where}: environment variable {name} (its webhook secret) is empty")
-        return "", name
-    return env[name], name
+#: How each key's value is checked and converted (limits and incremental have tables).
+_SCALARS: Final[Mapping[str, Any]] = {
+    "base_url": lambda v: v if isinstance(v, str) and v.strip() else _fail("must be a URL"),
+    "token_env": _env_name,
+    "webhook_secret_env": _env_name,
+    "resources": _resource_names,
+    "page_size": _positive_int,
+    "max_attempts": _positive_int,
+    "timeout": _positive_seconds,
+    "version": _version,
+    "allow_insecure": _boolean,
+}
+
+
+def _fail(message: str) -> Any:
+    raise ConfigError(message)
+
+
+def _options(
+    table: Mapping[str, Any], where: str, allowed: frozenset[str], problems: _Problems
+) -> dict[str, Any]:
+    """The checked values of the keys ``table`` sets; every problem reported under its key."""
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        at = key_path(where, key)
+        if key not in allowed:
+            problems.unknown(where, key, allowed)
+        elif key == "limits":
+            limits = _limits(value, at, problems)
+            if limits is not None:
+                values[key] = limits
+        elif key == "incremental":
+            incremental = _incremental(value, at, problems)
+            if incremental is not None:
+                values[key] = incremental
+        else:
+            try:
+                values[key] = _SCALARS[key](value)
+            except ConfigError as exc:
+                problems.add(at, str(exc))
+    return values
+
+
+def _merged_limits(defaults: Mapping[str, Any], store: Mapping[str, Any]) -> Limits:
+    # A store's limits override the defaults key by key; heavy pools merge path by path.
+    kwargs = {**defaults, **store}
+    kwargs["heavy"] = {**DEFAULT_HEAVY, **defaults.get("heavy", {}), **store.get("heavy", {})}
+    return Limits(**kwargs)
 
 
 def _store(
@@ -239,94 +381,86 @@ def _store(
     table: Mapping[str, Any],
     defaults: Mapping[str, Any],
     env: Mapping[str, str],
-    problems: list[str],
+    problems: _Problems,
     *,
     listen: bool = False,
 ) -> StoreConfig | None:
-    where = f"store {store_id!r}"
-    before = len(problems)
-    for key in sorted(set(table) - _STORE_KEYS):
-        problems.append(f"{where}: unknown key {key!r}")
-    values = {**defaults, **table}
+    """One store's config from its own checked keys over the checked ``defaults``; None when
+    anything about it is wrong (each problem reported, once, under the key that holds it)."""
+    where = key_path("stores", store_id)
+    before = len(problems.lines)
+    own = _options(table, where, _STORE_KEYS, problems)
+    values = {**defaults, **own}
 
+    def origin(key: str) -> str:
+        # Where a value came from, so its problem names the key the user has to change.
+        return key_path(where, key) if key in table or key not in defaults else f"defaults.{key}"
+
+    for key in ("base_url", "token_env"):
+        if key not in table:
+            problems.add(where, f"{key} is required")
     version = values.get("version", DEFAULT_VERSION)
     allow_insecure = values.get("allow_insecure", False)
-    if not isinstance(allow_insecure, bool):
-        problems.append(f"{where}: allow_insecure must be true or false")
-        allow_insecure = False
-    base_url = table.get("base_url")
-    if not isinstance(base_url, str) or not base_url:
-        problems.append(f"{where}: base_url is required")
-        base_url = ""
-    else:
+    base_url = values.get("base_url", "")
+    if base_url:
         try:
-            versioned_base(base_url, version, allow_insecure=allow_insecure)
+            check_base_url(
+                base_url,
+                version=version,
+                allow_insecure=allow_insecure,
+                insecure_hint="or allow_insecure = true",
+            )
         except ConfigError as exc:
-            problems.append(f"{where}: {exc}")
+            problems.add(origin("base_url"), str(exc))
 
     token = ""
-    token_env = table.get("token_env")
-    if not isinstance(token_env, str) or not _ENV_RE.match(token_env):
-        problems.append(f"{where}: token_env must name the environment variable with its token")
-        token_env = ""
-    elif token_env not in env:
-        problems.append(f"{where}: environment variable {token_env} (its token) is not set")
-    else:
-        try:
-            token = check_token(env[token_env])
-        except ConfigError as exc:
-            problems.append(f"{where}: {token_env}: {exc}")
+    token_env = values.get("token_env")
+    if token_env is not None:
+        if token_env not in env:
+            problems.add(origin("token_env"), f"environment variable {token_env} is not set")
+        else:
+            try:
+                token = check_token(env[token_env])
+            except ConfigError as exc:
+                problems.add(origin("token_env"), f"{token_env}: {exc}")
 
-    resources = _resources(values.get("resources", list(RESOURCES)), where, problems)
-    page_size = values.get("page_size")
-    if page_size is not None and (
-        isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0
-    ):
-        problems.append(f"{where}: page_size must be a positive integer")
-        page_size = None
+    webhook_secret = ""
+    secret_env = values.get("webhook_secret_env")
+    # Read only with --listen: a plain sync of the same config must not need a secret.
+    if listen and secret_env is None and "webhook_secret_env" not in table:
+        problems.add(
+            where,
+            "webhook_secret_env is required with --listen (the name of the environment "
+            "variable holding the store's webhook secret)",
+        )
+    elif listen and secret_env is not None:
+        if not env.get(secret_env):
+            state = "is empty" if secret_env in env else "is not set"
+            problems.add(origin("webhook_secret_env"), f"environment variable {secret_env} {state}")
+        else:
+            webhook_secret = env[secret_env]
 
-    limits_tables = [source.get("limits", {}) for source in (defaults, table)]
-    if not all(isinstance(t, Mapping) for t in limits_tables):
-        problems.append(f"{where}: limits must be a table")
-        limits = Limits()
-    else:
-        limits = _limits(_merge_limits(*limits_tables), where, problems)
-
-    retry = RetryPolicy()
-    if "max_attempts" in values:
-        try:
-            retry = RetryPolicy(max_attempts=values["max_attempts"])
-        except ConfigError as exc:
-            problems.append(f"{where}: {exc}")
-    timeout = values.get("timeout", 30.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        problems.append(f"{where}: timeout must be a positive number of seconds")
-        timeout = 30.0
-    incremental = _incremental(values.get("incremental", {}), where, problems)
-    webhook_secret, webhook_secret_env = _webhook_secret(
-        values, where, env, problems, listen=listen
-    )
+    if len(problems.lines) > before:
+        return None
+    incremental = dict(values.get("incremental", {}))
     if listen:
         # Reconciliation pulls are incremental: every resource needs a filter.
         incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
-
-    if len(problems) > before:
-        return None
     return StoreConfig(
         store=store_id,
         base_url=base_url,
         token=token,
-        token_env=token_env,
-        resources=resources,
-        page_size=page_size,
-        limits=limits,
-        retry=retry,
-        timeout=float(timeout),
+        token_env=token_env or "",
+        resources=values.get("resources", RESOURCES),
+        page_size=values.get("page_size", DEFAULT_PAGE_SIZE),
+        limits=_merged_limits(defaults.get("limits", {}), own.get("limits", {})),
+        retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
+        timeout=values.get("timeout", 30.0),
         version=version,
         allow_insecure=allow_insecure,
         incremental=incremental,
         webhook_secret=webhook_secret,
-        webhook_secret_env=webhook_secret_env,
+        webhook_secret_env=secret_env or "",
     )
 
 
@@ -338,7 +472,8 @@ def load_config(
     only_stores: Iterable[str] | None = None,
     listen: bool = False,
 ) -> list[StoreConfig]:
-    """Read and validate ``path``; raise ConfigFileError listing every problem.
+    """Read and validate ``path``; raise ConfigFileError listing every problem, one line each,
+    naming the key it is about (``stores.acme.limits.heavy.orders``).
 
     ``resources`` (from ``--resources``) replaces each store's list; ``only_stores`` (from
     ``--store``) selects stores by id. ``listen`` (``--listen``): each store's webhook secret
@@ -353,44 +488,49 @@ def load_config(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError([f"{path}: invalid TOML: {exc}"]) from None
 
-    problems: list[str] = []
-    for key in sorted(set(data) - {"defaults", "stores"}):
-        problems.append(f"{path}: unknown top-level key {key!r} (expected defaults, stores)")
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, Mapping):
-        problems.append(f"{path}: [defaults] must be a table")
-        defaults = {}
-    for key in sorted(set(defaults) - _DEFAULT_KEYS):
-        problems.append(f"{path}: unknown key {key!r} in [defaults]")
+    problems = _Problems()
+    for key in data:
+        if key not in ("defaults", "stores"):
+            problems.unknown("", key, ("defaults", "stores"))
+    defaults: dict[str, Any] = {}
+    if "defaults" in data:
+        try:
+            table = _table(data["defaults"], "keys shared by every store")
+            defaults = _options(table, "defaults", _DEFAULT_KEYS, problems)
+        except ConfigError as exc:
+            problems.add("defaults", str(exc))
     stores = data.get("stores")
     if not isinstance(stores, Mapping) or not stores:
-        problems.append(f"{path}: no stores; add a [stores.<id>] table per store")
+        problems.add(f"{path}", "no stores; add a [stores.<id>] table per store")
         stores = {}
 
     override: tuple[str, ...] | None = None
     if resources is not None:
-        override = _resources(list(resources), "--resources", problems)
+        try:
+            override = _resource_names(list(resources))
+        except ConfigError as exc:
+            problems.add("--resources", str(exc))
     wanted = None if only_stores is None else list(dict.fromkeys(only_stores))
     if wanted is not None:
         for store_id in wanted:
             if store_id not in stores:
-                problems.append(f"--store: no store {store_id!r} in {path}")
+                problems.add("--store", f"no store {store_id!r} in {path}")
 
     configs: list[StoreConfig] = []
     for store_id, table in stores.items():
         if wanted is not None and store_id not in wanted:
             continue
         if not isinstance(table, Mapping):
-            problems.append(f"{path}: stores.{store_id} must be a table")
+            problems.add(key_path("stores", store_id), "must be a table")
             continue
         if not store_id.strip():
-            problems.append(f"{path}: a store id must not be blank")
+            problems.add(key_path("stores", store_id), "a store id must not be blank")
             continue
         config = _store(store_id, table, defaults, env, problems, listen=listen)
         if config is not None:
             if override is not None:
                 config = attrs.evolve(config, resources=override)
             configs.append(config)
-    if problems:
-        raise ConfigFileError(problems)
+    if problems.lines:
+        raise ConfigFileError(problems.lines)
     return configs

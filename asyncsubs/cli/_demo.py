@@ -23,7 +23,8 @@ import attrs
 from .._config import Limits, Rate
 from ..errors import ConfigError
 from ._config_file import RESOURCES, StoreConfig, parse_db_url
-from ._progress import Tracker, choose_mode, print_table
+from ._lock import hold_database
+from ._progress import Tracker, choose_mode, plural, print_table
 
 __all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
 
@@ -106,7 +107,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=len(DEMO_STORES),
         metavar="N",
-        help=f"number of fake stores (default {len(DEMO_STORES)})",
+        help="number of fake stores",
     )
     demo.add_argument(
         "--records",
@@ -126,7 +127,6 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
 
     fake = commands.add_parser(
         "fake-server",
-        parents=[output],
         help="run the fake admin server for your own development",
         description=(
             "Serve the admin interface on loopback with deterministic records, cursor "
@@ -147,6 +147,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     fake.add_argument(
         "--no-rate-limits", action="store_true", help="never answer 429 (default: 50/s global)"
     )
+    fake.add_argument("--debug", action="store_true", help="tracebacks on errors")
     fake.set_defaults(handler=cmd_fake_server)
 
 
@@ -205,16 +206,16 @@ class _PoolReport:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
-    from ._app import CommandFailed, _force, note, run_async
+    from ._app import CommandFailed, _force, note, raise_failures, run_async
     from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
-    tracker = Tracker()
+    tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
     reports: dict[tuple[str, str], _PoolReport] = {}
     started = time.monotonic()
 
-    with _database(args.db) as (db_path, kept):
+    with _database(args.db) as (db_path, kept), hold_database(db_path):
 
         async def demo() -> None:
             server = FakeAdminServer(
@@ -260,24 +261,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                 peak=pool.max_in_window(s.heavy[resource].per),
                             )
 
-        interrupted = False
+        interrupted = ran = False
         try:
             run_async(demo, tracker, mode, args.progress_interval)
+            ran = True
         except CommandFailed:
             interrupted = True
             raise
         finally:
             gc.unfreeze()  # back to normal collection (matters when called in-process)
-            if not args.quiet:
+            # Not after an error that stopped the demo (a bad --db): its line says it all.
+            if not args.quiet and (ran or interrupted):
                 _summary(stores, tracker, reports, time.monotonic() - started)
                 where = f"kept at {db_path}" if kept else "a temporary file, now deleted"
                 sys.stdout.write(f"database: {where}\n")
                 sys.stdout.flush()
             if interrupted:
                 note("interrupted" + ("; rerun with the same --db to resume" if kept else ""))
-    failed = tracker.failed
-    if failed:
-        raise CommandFailed([f"store {row.store}, {row.resource}: {row.error}" for row in failed])
+    raise_failures(tracker, mode)
     return 0
 
 
@@ -335,8 +336,8 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{tracker.records:,} records, {total_requests:,} requests, {total_429:,} 429s "
-            f"in {elapsed:.1f}s",
+            f"{plural(tracker.records, 'record')}, {plural(total_requests, 'request')}, "
+            f"{total_429:,} 429s in {elapsed:.1f}s",
             "req/s achieved: accepted request starts per second, as the server measured them",
             "peak/window: most starts the server saw in any window of the pool's length / limit",
             f"server rate-limit windows: {windows}",
@@ -360,6 +361,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     def ready(server: FakeAdminServer) -> None:
         envs = {name: _env_name(name) for name in server.tokens}
         first, first_token = next(iter(server.tokens.items()))
+        pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
         lines = [
             f"fake admin server on {server.base_url} (API base {server.api_url}); Ctrl-C stops it",
             "",
@@ -368,17 +370,20 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
             f"# pull from {first}:",
             f"export ASYNCSUBS_BASE_URL={server.base_url}",
             f"export ASYNCSUBS_TOKEN={first_token}",
-            f"asyncsubs pull subscriptions --store {first} --limit 5",
+            f"asyncsubs pull subscriptions --store {first} --limit 5{pull_rate}",
             "",
             "# sync every store: save the TOML below as stores.toml, then",
             *(f"export {envs[name]}={token}" for name, token in server.tokens.items()),
             "asyncsubs sync --config stores.toml --db sqlite:///fake.db",
             "",
+            "[defaults]",
+            f"page_size = {server.max_page_size}  # the fake server's largest page",
+            "",
         ]
         if limits is not None:
             heavy = ", ".join(f'{path} = "{rate}"' for path, rate in limits.heavy.items())
             lines += [
-                "[defaults.limits]  # the fake server's limits",
+                "[defaults.limits]  # the limits the fake server enforces",
                 f'global = "{limits.global_rate}"',
                 f"heavy = {{ {heavy} }}",
                 "",

@@ -4,6 +4,7 @@ three ways to show them.
 - ``rich``: a live table on stderr when it is a terminal (rich is imported only here, lazily);
 - ``plain``: a line per running (store, resource) every few seconds, plus a line at each start,
   finish and failure, for logs and CI;
+- ``json``: the same events as one JSON object per line (``--log-format json``);
 - ``none``: ``--quiet``.
 
 Everything runs on the event loop thread: the display is refreshed by an asyncio task, never by
@@ -14,15 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
 import attrs
+import orjson
 
 from .._limiter import PoolStats
 from .._webhooks_receiver import ReceiverStats
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .._client import AdminClient
@@ -32,12 +37,14 @@ __all__ = [
     "ResourceProgress",
     "Tracker",
     "WebhookProgress",
+    "capture_retries",
     "choose_mode",
     "format_table",
+    "plural",
     "show_progress",
 ]
 
-Mode = Literal["rich", "plain", "none"]
+Mode = Literal["rich", "plain", "json", "none"]
 State = Literal["waiting", "running", "done", "failed", "interrupted"]
 DEFAULT_PLAIN_INTERVAL: Final = 5.0
 RICH_REFRESH: Final = 0.5
@@ -60,6 +67,8 @@ class ResourceProgress:
     error: str | None = None
     #: Rows of this store in the resource's table once finished (sync only).
     rows: int | None = None
+    #: Why the last failed attempt failed (one line), while the client retries.
+    last_error: str | None = None
     client: AdminClient | None = attrs.field(default=None, repr=False)
     #: The pool's counters when the client closed (a closed client has none to give).
     final_stats: PoolStats | None = None
@@ -192,7 +201,7 @@ def webhook_totals(hooks: Sequence[WebhookProgress]) -> WebhookTotals:
 class Tracker:
     """All (store, resource) counters of one command, plus start/finish events for the display."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verbose: bool = False) -> None:
         self.rows: dict[tuple[str, str], ResourceProgress] = {}
         #: Per store, with ``sync --listen``.
         self.webhooks: dict[str, WebhookProgress] = {}
@@ -201,6 +210,8 @@ class Tracker:
         self.pulled = 0
         self.runs = 0
         self.started = time.monotonic()
+        #: ``-v``: every retry is an event of its own, not only the row's last error.
+        self.verbose = verbose
         self._listeners: list[Callable[[ResourceProgress, str], None]] = []
         self._message_listeners: list[Callable[[str], None]] = []
 
@@ -244,7 +255,7 @@ class Tracker:
         row.records = row.pages = row.resumed_records = 0
         row.resumed = False
         row.started = row.finished = None
-        row.error = None
+        row.error = row.last_error = None
         row.rows = None
         row.client = None
         row.final_stats = row.baseline = None
@@ -262,6 +273,7 @@ class Tracker:
         resumed: bool = False,
         resumed_records: int = 0,
     ) -> None:
+        _current_row.set(row)  # this task's retries are this row's (see capture_retries)
         row.client = client
         if row.rebase:
             row.baseline = row._pool_stats()
@@ -276,6 +288,12 @@ class Tracker:
         row.pages += 1
         row.records += records
         self.pulled += records
+
+    def retry(self, row: ResourceProgress, error: str) -> None:
+        """An attempt of ``row`` failed and will be retried."""
+        row.last_error = error
+        if self.verbose:
+            self._emit(row, "retry")
 
     def note(self, row: ResourceProgress, message: str) -> None:
         self._emit(row, message)
@@ -308,6 +326,44 @@ class Tracker:
 
 
 # ---------------------------------------------------------------------------------------------
+# Retries: the library logs each failed attempt it will retry (asyncsubs.retry, DEBUG, with the
+# error); the task that logs it is the one pulling the row that Tracker.start set here.
+
+_current_row: contextvars.ContextVar[ResourceProgress | None] = contextvars.ContextVar(
+    "asyncsubs_cli_row", default=None
+)
+
+
+class _RetryLog(logging.Handler):
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__(logging.DEBUG)
+        self.tracker = tracker
+
+    def emit(self, record: logging.LogRecord) -> None:
+        row = _current_row.get()
+        error = getattr(record, "error", None)
+        if row is not None and isinstance(error, BaseException):
+            text = " ".join(str(error).split()) or type(error).__name__
+            self.tracker.retry(row, f"{type(error).__name__}: {text}")
+
+
+@contextlib.contextmanager
+def capture_retries(tracker: Tracker) -> Iterator[None]:
+    """Record why each retried attempt failed on its row (``last_error``) for the block."""
+    logger = logging.getLogger("asyncsubs.retry")
+    handler = _RetryLog(tracker)
+    level = logger.level
+    logger.addHandler(handler)
+    if not logger.isEnabledFor(logging.DEBUG):
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------
 # Display
 
 
@@ -317,8 +373,14 @@ def choose_mode(stream: IO[str], *, quiet: bool, force: str | None = None) -> Mo
         return "none"
     if force == "plain":
         return "plain"
+    if force == "json":
+        return "json"
     if force == "rich":
-        return "rich" if _rich_available() else "plain"
+        if not _rich_available():
+            raise ConfigError(
+                "--progress rich needs the rich package: pip install 'asyncsubs[cli]'"
+            )
+        return "rich"
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty() and _rich_available():
         return "rich"
@@ -331,6 +393,11 @@ def _rich_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 page``, ``2 pages``, ``1,000 records``; ``nouns`` where it is not noun + s."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {nouns or noun + 's'}"
 
 
 def _fmt_rate(value: float) -> str:
@@ -348,12 +415,15 @@ def _status(row: ResourceProgress) -> str:
 def _progress_line(row: ResourceProgress, now: float) -> str:
     stats = row.pool_stats()
     line = (
-        f"{row.key}: {_status(row)}, {row.records:,} records, {row.pages:,} pages, "
-        f"{_fmt_rate(row.record_rate(now))} records/s, {stats.requests:,} requests, "
-        f"{stats.retries:,} retries, {stats.rate_limited:,} 429s"
+        f"{row.key}: {_status(row)}, {plural(row.records, 'record')}, "
+        f"{plural(row.pages, 'page')}, "
+        f"{_fmt_rate(row.record_rate(now))} records/s, {plural(stats.requests, 'request')}, "
+        f"{plural(stats.retries, 'retry', 'retries')}, {stats.rate_limited:,} 429s"
     )
     if row.resumed_records:
         line += f" (+{row.resumed_records:,} before resuming)"
+    if row.last_error:
+        line += f"; last error: {row.last_error}"
     return line
 
 
@@ -375,13 +445,19 @@ class _PlainDisplay:
             how = "resuming from its saved cursor" if row.resumed else "starting"
             self.write(f"{row.key}: {how}")
         elif event == "done":
-            rows = "" if row.rows is None else f"; {row.rows:,} rows in the table for this store"
+            rows = (
+                ""
+                if row.rows is None
+                else f"; {plural(row.rows, 'row')} in the table for this store"
+            )
             self.write(
-                f"{row.key}: done, {row.records:,} records in {row.pages:,} pages "
-                f"({row.elapsed():.1f}s){rows}"
+                f"{row.key}: done, {plural(row.records, 'record')} in "
+                f"{plural(row.pages, 'page')} ({row.elapsed():.1f}s){rows}"
             )
         elif event == "failed":
             self.write(f"{row.key}: FAILED: {row.error}")
+        elif event == "retry":
+            self.write(f"{row.key}: retrying after {row.last_error}")
         else:
             self.write(f"{row.key}: {event}")
 
@@ -406,6 +482,76 @@ class _PlainDisplay:
             self.tick()
 
 
+class _JsonDisplay(_PlainDisplay):
+    """``--log-format json``: the plain display's events as one JSON object per line (time,
+    level, store, resource, event and the figures), for log collectors."""
+
+    def emit(self, level: str, event: str, row: ResourceProgress | None, **fields: Any) -> None:
+        record: dict[str, Any] = {"time": utc_now(), "level": level}
+        if row is not None:
+            record.update(store=row.store, resource=row.resource)
+        record["event"] = event
+        if row is not None:
+            record.update(row_figures(row))
+        record.update(fields)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(orjson.dumps(record).decode() + "\n")
+            self.stream.flush()
+
+    def on_event(self, row: ResourceProgress, event: str) -> None:
+        if event == "start":
+            self.emit("info", "resume" if row.resumed else "start", row)
+        elif event == "done":
+            self.emit("info", "done", row)
+        elif event == "failed":
+            self.emit("error", "failed", row)
+        elif event == "retry":
+            self.emit("warning", "retry", row)
+        else:
+            self.emit("warning", "note", row, message=event)
+
+    def on_message(self, text: str) -> None:
+        self.emit("info", "message", None, message=text)
+
+    def tick(self) -> None:
+        for row in self.tracker.rows.values():
+            if row.state == "running":
+                self.emit("info", "progress", row)
+        if self.tracker.webhooks:
+            totals = self.tracker.webhook_totals()
+            if totals != self._last_webhooks:
+                self._last_webhooks = totals
+                self.emit("info", "webhooks", None, **attrs.asdict(totals))
+
+
+def utc_now() -> str:
+    """Now as an ISO 8601 UTC timestamp with milliseconds."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def row_figures(row: ResourceProgress) -> dict[str, Any]:
+    """A row's figures as JSON fields (the live table's columns)."""
+    stats = row.pool_stats()
+    figures: dict[str, Any] = {
+        "state": row.state,
+        "records": row.records,
+        "pages": row.pages,
+        "records_before_resuming": row.resumed_records,
+        "requests": stats.requests,
+        "retries": stats.retries,
+        "rate_limited": stats.rate_limited,
+        "elapsed": round(row.elapsed(), 3),
+    }
+    if row.rows is not None:
+        figures["rows"] = row.rows
+    if row.error is not None:
+        figures["error"] = row.error
+    if row.last_error is not None:
+        figures["last_error"] = row.last_error
+    return figures
+
+
 _LIVE_HEADERS: Final = (
     "store",
     "resource",
@@ -417,7 +563,11 @@ _LIVE_HEADERS: Final = (
     "req/s (allowed)",
     "retries",
     "429s",
+    "time",
+    "last error",
 )
+#: Characters of the last error the live table shows (the plain lines show it whole).
+LAST_ERROR_WIDTH: Final = 60
 # Running and failed rows first, so a sync of many stores shows what matters in one screen.
 _ORDER: Final = {"running": 0, "failed": 1, "waiting": 2, "interrupted": 3, "done": 4}
 _STYLES: Final = {"done": "green", "failed": "bold red", "interrupted": "yellow"}
@@ -433,14 +583,20 @@ def _live_row(row: ResourceProgress, now: float) -> list[str]:
         row.store,
         row.resource,
         _status(row),
-        f"{row.records:,}",
+        f"{row.records:,}" + (f" (+{row.resumed_records:,} before)" if row.resumed_records else ""),
         f"{row.pages:,}",
         _fmt_rate(row.record_rate(now)),
         f"{stats.requests:,}",
         f"{req_rate:.2f} ({allowed:.2f})" if allowed else f"{req_rate:.2f}",
         f"{stats.retries:,}",
         f"{stats.rate_limited:,}",
+        f"{elapsed:.1f}s",
+        _shorten(row.error or row.last_error or "", LAST_ERROR_WIDTH),
     ]
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class _RichDisplay:
@@ -492,7 +648,9 @@ class _RichDisplay:
 
     def on_event(self, row: ResourceProgress, event: str) -> None:
         # Only notes are printed; starts and finishes show in the next periodic refresh.
-        if event not in ("start", "done", "failed"):
+        if event == "retry":
+            self.live.console.print(f"{row.key}: retrying after {row.last_error}", highlight=False)
+        elif event not in ("start", "done", "failed"):
             self.live.console.print(f"{row.key}: {event}", highlight=False)
 
     def on_message(self, text: str) -> None:
@@ -524,6 +682,8 @@ async def show_progress(
     if mode == "rich":
         display = _RichDisplay(tracker, out)
         display.live.start()
+    elif mode == "json":
+        display = _JsonDisplay(tracker, out, interval)
     else:
         display = _PlainDisplay(tracker, out, interval)
     tracker.listen(display.on_event, display.on_message)

@@ -44,6 +44,7 @@ __all__ = [
     "DatabaseError",
     "ResourceState",
     "SyncDB",
+    "count_rows",
     "run_sync",
     "sync_pass",
 ]
@@ -401,6 +402,23 @@ class SyncDB:
             f"SELECT count(*) FROM {resource} WHERE store = ?", (store,)
         ).fetchone()
         return int(row[0])
+
+
+def count_rows(tracker: Tracker, db_path: Path) -> None:
+    """Fill in the rows in the table of every (store, resource) that started and has no count
+    (one that failed or was interrupted), read from the closed database, for the summary."""
+    missing = [r for r in tracker.rows.values() if r.rows is None and r.started is not None]
+    if not missing:
+        return
+    try:
+        uri = f"{db_path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            for row in missing:
+                (row.rows,) = conn.execute(
+                    f"SELECT count(*) FROM {row.resource} WHERE store = ?", (row.store,)
+                ).fetchone()
+    except sqlite3.Error:
+        pass  # the summary leaves them blank; the error that stopped the sync says why
 
 
 def describe_error(exc: BaseException) -> str:
