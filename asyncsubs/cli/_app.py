@@ -82,7 +82,7 @@ _json_lines = False
 def _say(level: str, message: str) -> None:
     if _json_lines:
         record = {"time": utc_now(), "level": level, "event": level, "message": message}
-        text = orjson.dumps(record).decode()
+        text = _json.dumps(record).decode()
     else:
         text = f"{PROG}: error: {message}" if level == "error" else f"{PROG}: {message}"
     with contextlib.suppress(OSError, ValueError):
@@ -862,7 +862,7 @@ class _JsonLogFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry).decode()
+        return _json.dumps(entry).decode()
 
 
 @contextlib.contextmanager
