@@ -10,7 +10,6 @@ from ._limiter import Limiter, LimiterStats, LocalLimiter, PacingBackend, PoolSt
 from ._models import Customer, Order, Page, Subscription
 from ._pagination import ListCall, ListEndpoint
 from ._protocol import Response
-from ._transport import SendReportingConnector
 from ._version import __version__
 from .errors import (
     APIError,
@@ -53,7 +52,6 @@ __all__ = [
     "RateLimitError",
     "Response",
     "RetryPolicy",
-    "SendReportingConnector",
     "ServerError",
     "Subscription",
     "TransportError",
