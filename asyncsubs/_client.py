@@ -15,7 +15,7 @@ import aiohttp
 
 from . import _retry
 from ._config import Limits, RetryPolicy
-from ._limiter import Limiter, LimiterStats, PoolStats, Slot, StoreLimiter, default_limiter
+from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
@@ -34,6 +34,7 @@ from ._protocol import (
     versioned_base,
 )
 from ._server_limits import parse_server_limit
+from ._stats import LimiterStats, PoolStats
 from ._transport import AiohttpTransport, Transport
 from .errors import ConfigError
 

@@ -39,7 +39,6 @@ import math
 import threading
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
@@ -48,65 +47,16 @@ import attrs
 from ._calibration import Jitter, Slowdown
 from ._config import Limits, Rate
 from ._server_limits import ServerLimit
+from ._stats import LimiterStats, PoolStats
 from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
 
-__all__ = [
-    "Limiter",
-    "LimiterStats",
-    "LocalLimiter",
-    "MemoryPacing",
-    "PacingBackend",
-    "PoolStats",
-    "Slot",
-    "StoreLimiter",
-    "default_limiter",
-]
+__all__ = ["Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
+__all__ += ["default_limiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
 
 #: A change of a pool's interval by more than this fraction is logged at DEBUG.
 _LOGGED_CHANGE = 0.05
-
-
-@attrs.frozen
-class PoolStats:
-    """One pool of one store since the store was first bound in this loop."""
-
-    requests: int = 0  #: requests started (each attempt is a request)
-    rate_limited: int = 0  #: 429 responses received
-    retries: int = 0  #: attempts that were retries
-    wait_seconds: float = 0.0  #: total time started requests spent queued in the limiter
-    waiting: int = 0  #: tasks queued in this pool right now
-    interval: float = 0.0  #: seconds between starts now (0 before the first request)
-    margin: float = 0.0  #: the margin in that interval
-    #: What sets the interval: "start" (no samples yet), "floor", "jitter", "429", "server"
-    paced_by: str = "start"
-
-
-@attrs.frozen
-class LimiterStats:
-    """A snapshot of one store's limiter: its pools and what is in flight now."""
-
-    store: str
-    pools: Mapping[str, PoolStats] = attrs.field(hash=False)
-    in_flight: int = 0
-    max_in_flight: int = 0
-
-    @property
-    def requests(self) -> int:
-        return sum(p.requests for p in self.pools.values())
-
-    @property
-    def rate_limited(self) -> int:
-        return sum(p.rate_limited for p in self.pools.values())
-
-    @property
-    def retries(self) -> int:
-        return sum(p.retries for p in self.pools.values())
-
-    @property
-    def wait_seconds(self) -> float:
-        return sum(p.wait_seconds for p in self.pools.values())
 
 
 class PacingBackend(Protocol):
@@ -200,28 +150,6 @@ class _FifoGate:
 class _Pool:
     """Mutable state of one (store, pool)."""
 
-    __slots__ = (
-        "interval",
-        "jitter",
-        "last_start",
-        "logged",
-        "margin",
-        "name",
-        "paced_by",
-        "pause_until",
-        "rate",
-        "rate_limited",
-        "requests",
-        "retries",
-        "run_start",
-        "server_rate",
-        "slowdown",
-        "starts",
-        "turn",
-        "wait_seconds",
-        "waiting",
-    )
-
     def __init__(self, name: str, rate: Rate) -> None:
         self.name = name
         self.rate = rate
@@ -229,7 +157,7 @@ class _Pool:
         self.turn = _FifoGate(1)
         self.jitter = Jitter(rate.n)
         self.slowdown = Slowdown()
-        self.starts: deque[float] = deque(maxlen=rate.n + 1)  # the last starts, for 429s
+        self.starts: deque[float] = deque(maxlen=2 * rate.n + 2)  # recent starts, for 429s
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = 0.0
         self.paced_by = "start"
@@ -312,19 +240,8 @@ class StoreLimiter:
         return Slot(self, self._pool(pool), max_wait)
 
     def stats(self) -> LimiterStats:
-        pools = {
-            name: PoolStats(
-                p.requests,
-                p.rate_limited,
-                p.retries,
-                p.wait_seconds,
-                p.waiting,
-                p.interval,
-                p.margin,
-                p.paced_by,
-            )
-            for name, p in self._pools.items()
-        }
+        fields = [f.name for f in attrs.fields(PoolStats)]
+        pools = {n: PoolStats(*(getattr(p, f) for f in fields)) for n, p in self._pools.items()}
         return LimiterStats(
             self.store, MappingProxyType(pools), self.in_flight, self.limits.max_in_flight
         )
@@ -343,7 +260,7 @@ class StoreLimiter:
         if loop is None:
             return
         now = loop.time()
-        if slot.due >= p.slowdown.widened_at:  # else it was sent before the last widening
+        if slot.due > p.slowdown.widened_at:  # else it was sent before the last widening
             rate = p.server_rate or p.rate
             since = max(p.run_start, slot.due - rate.per)
             accepted = 0
@@ -376,6 +293,14 @@ class StoreLimiter:
             and (p.server_rate is None or limit.reset > p.server_rate.per)
         ):
             self._pause(p, loop, limit.reset, 1.0)
+
+    def pause(self, pool: str, seconds: float) -> None:
+        """Hold every request of ``pool`` for ``seconds`` from now, in every process sharing the
+        backend. Never shortens a pause in force; values not positive and finite are ignored."""
+        p = self._pool(pool)
+        loop = self._loop_ref()
+        if loop is not None and 0 < seconds < math.inf:
+            self._pause(p, loop, seconds, 1.0)
 
     def _pause(
         self, p: _Pool, loop: asyncio.AbstractEventLoop, seconds: float, slowdown: float
@@ -417,15 +342,8 @@ class StoreLimiter:
             paced_by = "server"
         interval = rate.interval * (1 + margin) * slowdown
         if abs(interval - p.logged) > _LOGGED_CHANGE * p.logged:
-            logger.debug(
-                "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)",
-                self.store,
-                p.name,
-                interval,
-                margin,
-                slowdown,
-                paced_by,
-            )
+            message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
+            logger.debug(message, self.store, p.name, interval, margin, slowdown, paced_by)
             p.logged = interval
         p.interval, p.margin, p.paced_by = interval, margin, paced_by
         return interval

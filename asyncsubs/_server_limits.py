@@ -24,16 +24,8 @@ import attrs
 __all__ = ["ServerLimit", "parse_server_limit"]
 
 _EPOCH = 1e9  # a reset this large is a Unix time, not a delta
-_NAMES = frozenset(
-    {
-        "ratelimit-policy",
-        "ratelimit",
-        "ratelimit-limit",
-        "ratelimit-remaining",
-        "x-ratelimit-limit",
-        "x-ratelimit-remaining",
-    }
-)
+_NAMES = frozenset(("ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining"))
+_NAMES |= {"x-ratelimit-limit", "x-ratelimit-remaining"}
 
 
 @attrs.frozen

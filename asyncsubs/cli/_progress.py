@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 
-from .._limiter import PoolStats
+from .._stats import PoolStats
 from .._webhooks_receiver import ReceiverStats
 
 if TYPE_CHECKING:
