@@ -6,11 +6,11 @@ retries, typed errors. See README.md.
 
 from ._client import AdminClient
 from ._config import Limits, Rate, RetryPolicy
-from ._limiter import Limiter, LimiterStats, LocalLimiter, PacingBackend, PoolStats
+from ._limiter import Limiter, LocalLimiter, PacingBackend
 from ._models import Customer, Order, Page, Subscription
 from ._pagination import ListCall, ListEndpoint
 from ._protocol import Response
-from ._transport import SendReportingConnector
+from ._stats import LimiterStats, PoolStats
 from ._version import __version__
 from .errors import (
     APIError,
@@ -53,7 +53,6 @@ __all__ = [
     "RateLimitError",
     "Response",
     "RetryPolicy",
-    "SendReportingConnector",
     "ServerError",
     "Subscription",
     "TransportError",

@@ -15,7 +15,7 @@ import aiohttp
 
 from . import _retry
 from ._config import Limits, RetryPolicy
-from ._limiter import Limiter, LimiterStats, PoolStats, StoreLimiter, default_limiter
+from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
@@ -33,7 +33,9 @@ from ._protocol import (
     request_headers,
     versioned_base,
 )
-from ._transport import AiohttpTransport, Transport, watch_sends
+from ._server_limits import parse_server_limit
+from ._stats import LimiterStats, PoolStats
+from ._transport import AiohttpTransport, Transport
 from .errors import ConfigError
 
 __all__ = ["AdminClient"]
@@ -44,6 +46,8 @@ TOKEN_ENV: Final = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV: Final = "ASYNCSUBS_BASE_URL"
 DEFAULT_VERSION: Final = "2026-04"
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+#: The longest pause a Retry-After may put a pool in (seconds); requests fail fast meanwhile.
+MAX_PAUSE: Final = 86_400.0
 
 
 def store_fingerprint(base: str, token: str) -> str:
@@ -108,8 +112,6 @@ class AdminClient:
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport
-        # Whether the transport tells the limiter when requests are written (see _transport).
-        self._reports_sends = getattr(transport, "reports_sends", False) is True
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
@@ -225,8 +227,7 @@ class AdminClient:
             headers=self._headers,
         )
         limiter = self._bound_limiter()
-        # The store's first binding decides its pools, so ask the limiter, not self.limits.
-        pool = limiter.pool_for(method, path)
+        pool = self.limits.pool_for(method, path)
         # Arguments, not a closure: a closure's cells are objects the garbage collector scans
         # for as long as the request waits (see _retry.call_with_retries).
         attempt = functools.partial(self._attempt, request, limiter, pool, parse)
@@ -243,23 +244,27 @@ class AdminClient:
         """Attempt ``number`` (from 1) at sending ``request``."""
         if number > 1:
             limiter.record_retry(pool)
-        async with limiter.slot(pool, reports_sends=self._reports_sends) as start:
+        async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
             if self._closed:  # aclose() ran while this request waited: no new session
                 raise ConfigError("the client was closed while this request waited")
-            with watch_sends(start.sent):
-                raw = await self._transport.send(request, timeout=self.timeout)
+            raw = await self._transport.send(request, timeout=self.timeout)
+        retry_after = (
+            parse_retry_after(raw.headers.get("retry-after")) if raw.status == 429 else None
+        )
+        server_limit = parse_server_limit(raw.headers)
+        if server_limit is not None:
+            limiter.server_limit(pool, server_limit, retry_after=retry_after is not None)
         if raw.status == 429:
-            self._pause_after_429(limiter, pool, raw, number)
+            self._rate_limited(limiter, slot, retry_after, number)
         return parse(request.method, request.path, raw)
 
-    def _pause_after_429(
-        self, limiter: StoreLimiter, pool: str, raw: RawResponse, attempt: int
+    def _rate_limited(
+        self, limiter: StoreLimiter, slot: Slot, retry_after: float | None, attempt: int
     ) -> None:
-        limiter.record_429(pool)
-        retry_after = parse_retry_after(raw.headers.get("retry-after"))
+        # The whole pool waits out the server's Retry-After (a backoff when it sent none); a
+        # request that would wait longer than max_retry_after fails fast in the limiter instead.
         if retry_after is None:
             seconds = _retry.backoff_seconds(self.retry, attempt)
         else:
-            seconds = min(retry_after, self.retry.max_retry_after)
-        if _retry.waiting_enabled() and seconds > 0:
-            limiter.pause(pool, seconds)
+            seconds = min(retry_after, MAX_PAUSE)
+        limiter.rate_limited(slot, seconds if _retry.waiting_enabled() else None)

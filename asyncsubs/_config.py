@@ -98,30 +98,55 @@ def heavy_pool_for(heavy: Mapping[str, Rate], method: str, path: str) -> str:
     return "global"
 
 
+_SERVER_LIMITS = ("lower", "follow", "ignore")
+
+
 @attrs.frozen
 class Limits:
-    """Per-store request budgets.
+    """Per-store request budgets, and how close to them to pace.
 
     - ``global_rate``: the shared pool for every request that is not a heavy list request.
     - ``heavy``: path -> Rate; a GET of exactly that path (a list endpoint) draws only on its own
       isolated pool, never on the global one. Defaults to ``DEFAULT_HEAVY``.
     - ``max_in_flight``: concurrent requests per store, across all pools.
-    - ``safety_margin``: fraction by which pacing stays below each rate, so network jitter does
-      not turn pacing at exactly the limit into 429s (0.02 = pace at 98%).
+    - ``safety_margin``: the least fraction by which pacing stays below each rate (0.02: starts
+      at least ``1.02 * per / n`` apart).
+    - ``max_margin``: the most the measured margin may grow to, for arrival jitter (see
+      README, "How close to the limit").
+    - ``start_margin``: the margin of a pool until it has a window of samples: a fresh server
+      (cold caches, connections being opened) stamps the first requests unevenly.
+    - ``server_limits``: what a server's rate-limit headers do: ``"lower"`` paces by an
+      announced quota lower than configured, ``"follow"`` by any announced quota, ``"ignore"``
+      reads none.
     """
 
     global_rate: Rate = Rate(50, per=1.0)
     heavy: Mapping[str, Rate] = attrs.field(default=None, converter=freeze_heavy)
     max_in_flight: int = 64
     safety_margin: float = 0.02
+    max_margin: float = 0.10
+    start_margin: float = 0.25
+    server_limits: str = "lower"
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.global_rate, Rate):
             raise ConfigError(f"Limits.global_rate must be a Rate, got {self.global_rate!r}")
         _positive_int("Limits.max_in_flight", self.max_in_flight)
-        margin = self.safety_margin
-        if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
-            raise ConfigError(f"Limits.safety_margin must be in [0, 1), got {margin!r}")
+        for name in ("safety_margin", "max_margin", "start_margin"):
+            margin = getattr(self, name)
+            if (
+                isinstance(margin, bool)
+                or not isinstance(margin, int | float)
+                or not 0 <= margin < 1
+            ):
+                raise ConfigError(f"Limits.{name} must be in [0, 1), got {margin!r}")
+        if self.max_margin < self.safety_margin:
+            raise ConfigError("Limits.max_margin must be >= Limits.safety_margin")
+        if self.server_limits not in _SERVER_LIMITS:
+            raise ConfigError(
+                f"Limits.server_limits must be one of {', '.join(_SERVER_LIMITS)},"
+                f" got {self.server_limits!r}"
+            )
 
     def pool_for(self, method: str, path: str) -> str:
         """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
@@ -129,30 +154,6 @@ class Limits:
 
     def rate_for(self, pool: str) -> Rate:
         return self.global_rate if pool == "global" else self.heavy[pool]
-
-    def interval_for(self, pool: str) -> float:
-        """Seconds between starts in ``pool``, with the safety margin applied."""
-        return self.rate_for(pool).interval / (1.0 - self.safety_margin)
-
-    def lateness_credit_for(self, pool: str) -> float:
-        """Seconds a start may run late and still be paced from its scheduled moment.
-
-        Half of what the safety margin adds to one window (10 ms at 50/s): enough for timer
-        lateness on a busy loop not to add up to a slower rate. Any n + 1 scheduled starts
-        still span ``per / (1 - margin) - credit``, at least ``send_span_for(pool)``; the other
-        half of the margin is the write-span allowance for network jitter."""
-        rate = self.rate_for(pool)
-        return self.interval_for(pool) * rate.n * self.safety_margin / 2
-
-    def send_span_for(self, pool: str) -> float:
-        """The shortest time in which ``n + 1`` requests of ``pool`` may be written.
-
-        ``per`` plus half of what the safety margin adds to a window (10 ms at 50/s), so that
-        jitter between the client's write and the server's arrival stamp does not let n + 1
-        requests into one of its windows. Pacing alone keeps n + 1 starts ``per / (1 - margin)``
-        apart; this bound only binds when some writes lagged their starts (a new connection,
-        a busy loop)."""
-        return self.rate_for(pool).per * (1.0 + self.safety_margin / 2)
 
     @property
     def pools(self) -> tuple[str, ...]:

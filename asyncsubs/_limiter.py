@@ -1,86 +1,34 @@
-"""Client-side rate limiting: even pacing per (store, pool), an in-flight cap per store, pauses.
+"""Client-side rate limiting: one paced queue per (store, pool), an in-flight cap per store.
 
 How the client uses it::
 
-    limiter = default_limiter()                 # or LocalLimiter(), or a RedisLimiter
-    store_limiter = limiter.bind(store, limits)   # inside the running loop
-    async with store_limiter.slot(pool, reports_sends=True) as start:
-        ...                                       # send the request; once it is written:
-        start.sent()
-        ...                                       # read the response
-    store_limiter.pause(pool, retry_after)        # after a 429
-    store_limiter.record_429(pool); store_limiter.record_retry(pool)
-    store_limiter.stats()                         # -> LimiterStats
+    store_limiter = limiter.bind(store, limits)       # inside the running loop
+    async with store_limiter.slot(pool, max_wait=120.0) as slot:
+        ...                                           # send the request, read the response
+    store_limiter.rate_limited(slot, pause=1.0)       # after a 429
+    store_limiter.server_limit(pool, hint)            # after any response with rate headers
+    store_limiter.stats()
 
-Guarantees
-----------
-- Starts in one (store, pool) are paced ``limits.interval_for(pool)`` apart (``per / n``
-  widened by the safety margin), measured with ``loop.time()``, from a cold start on (no
-  initial burst). A start late for its moment by at most the lateness credit (timer lateness on
-  a busy loop) is paced from that moment, so lateness does not add up to a lower rate; one held
-  up longer (an idle pool, a full in-flight gate) is paced from when it went, so no catch-up
-  burst follows. Either way no ``n + 1`` starts fall within ``per``. (On a loop whose clock
-  counts milliseconds, like uvloop's, a start may be let through up to 1 ms before its moment
-  by that clock; the next is still paced from the moment itself.)
-- Whatever the loop does, no ``n + 1`` requests of a pool are *written* within
-  ``limits.send_span_for(pool)`` (``per`` plus half the margin's share), as far as this process
-  can see: a request whose write lagged its start (a new connection, a busy loop) holds back the
-  start ``n`` places after it, so its lateness never bunches it up with later requests in a
-  server's window. Callers that report writes (``reports_sends=True``, then ``start.sent()``)
-  get this for the actual write moments; for the others a request counts as written when it
-  starts. A request started but not yet written counts as written from now on; one that ends
-  unwritten (it could not connect) does not count.
-- ``max_in_flight`` caps the requests of a store that are in flight at once, across its pools.
-- ``pause(pool, seconds)`` holds every task of that pool until the pause has passed; pacing then
-  resumes one interval at a time. A pause never shortens an existing one.
-- All waiting is on futures and ``loop.call_at`` timers set for the exact moment computed; there
-  is never more than one pacing timer per (store, pool), whatever the number of waiters.
+One request's way through ``slot``:
 
-Ordering
---------
-A request goes through three stages, in this order:
+1. its pool's *turn*: a FIFO queue per (store, pool); only the head goes on;
+2. a place in the store's in-flight gate (FIFO too), taken before the request's start is
+   claimed, so a full gate never bunches starts up: at most one place per pool waits idle;
+3. a start claimed from the backend, ``reserve(store, pool, interval)``: GCRA without burst,
+   ``slot = max(now, tat, pause_end)``, ``tat = slot + interval``; the head sleeps until its
+   slot (one timer), checks that no pause came in meanwhile (else claims again after it) and
+   starts, handing the turn to the next head.
 
-1. its pool's *turn*: a FIFO queue per (store, pool); only the head of the queue goes further;
-2. the pool's *paced start*: the head sleeps until ``last start + interval`` (and past any
-   pause and the write-span bound above), holding nothing but its pool's turn. A start hands
-   the turn to the next request with a timer for that moment, so a paced request is woken
-   once, not once for the turn and again for its moment;
-3. the store's *in-flight gate*: a FIFO of pool heads whose start time has come; the request
-   starts the moment it gets a place, and that moment is what the next start is paced from.
+Starts are thus never closer than the interval, from a cold start on, whatever the backend.
+``interval = per / n * (1 + margin) * slowdown``, margin and slowdown from
+:mod:`asyncsubs._calibration`, ``n / per`` the configured rate or a lower one the server
+announced (:mod:`asyncsubs._server_limits`). A task cancelled while waiting leaves its queue
+and gives back its place; the slot it claimed is lost, which only slows the pool a little.
 
-So in-flight places go first come first served among requests that may start now, and a heavy
-request waiting for its slow pool never holds a place that a light request could use. Because
-the pace is measured from actual starts, a start delayed by a full gate is not followed by a
-catch-up burst. A task cancelled while waiting leaves its queue, and the next task of its pool
-inherits its place and its start time (in-flight places are handed over, never leaked).
-
-Shared backends (the interface a RedisLimiter implements)
----------------------------------------------------------
-``StoreLimiter`` owns the queues, the in-flight gate, pauses as seen by this process, and the
-statistics. Across processes only the pacing itself must be shared; that is a
-:class:`PacingBackend`, two coroutines keyed by ``(store, pool)``:
-
-- ``reserve(store, pool, interval) -> float``: atomically claim the pool's next start slot,
-  ``slot = max(now, tat, pause_end)``, set ``tat = slot + interval`` and return
-  ``slot - now`` in seconds (>= 0), all on the backend's own clock (GCRA without burst; one
-  Redis round trip). Called only when this process's own pacing would let a request start now,
-  by at most one task per (store, pool) per process at a time; the call is shielded from
-  cancellation so that the slot it claims is used by the next waiter rather than lost.
-- ``pause(store, pool, seconds)``: no slot may be handed out before ``now + seconds``; never
-  shortens an existing pause (e.g. a key with a TTL holding the pause's end). Runs as a
-  background task; failures are logged, not raised.
-
-Errors should be raised as :class:`~asyncsubs.errors.LimiterUnavailableError`; any other
-``Exception`` from ``reserve`` is wrapped in one. A subclass of :class:`Limiter` that passes its
-backend to ``super().__init__(backend)`` is all a shared limiter needs. ``max_in_flight`` stays
-per process. :class:`MemoryPacing` is the reference implementation (and what tests use to
-simulate several processes).
-
-Known limits: with a shared backend, a request held up by this process's full in-flight gate
-starts later than its slot and so may land close to another process's next start (the safety
-margin absorbs small delays); likewise the write-span bound sees this process's writes only.
-Store state lives as long as its event loop, so that a store bound again right after its last
-client closed is still paced from its previous start.
+Backends (:class:`PacingBackend`) hold what processes must share: each pool's next slot, its
+pause and its 429 slowdown. :class:`MemoryPacing` is the in-process one; ``RedisLimiter``
+implements the same contract with one Lua script per call. The in-flight cap, queues and
+statistics stay per process.
 """
 
 from __future__ import annotations
@@ -89,150 +37,85 @@ import asyncio
 import logging
 import math
 import threading
-import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
 import attrs
 
-from ._config import Limits
-from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError
+from ._calibration import Jitter, Slowdown
+from ._config import Limits, Rate
+from ._server_limits import ServerLimit
+from ._stats import LimiterStats, PoolStats
+from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
 
-__all__ = [
-    "Limiter",
-    "LimiterStats",
-    "LocalLimiter",
-    "MemoryPacing",
-    "PacingBackend",
-    "PoolStats",
-    "Slot",
-    "StoreLimiter",
-    "default_limiter",
-]
+__all__ = ["Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
+__all__ += ["default_limiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
 
-#: A request that waited longer than this (seconds) is logged at DEBUG.
-LONG_WAIT_SECONDS = 1.0
-
-_NEVER = -math.inf
-
-#: asyncio runs every timer due within the clock's resolution in one go, so a task woken by its
-#: own timer may find loop.time() a hair before the moment it asked for. Going back to sleep for
-#: that would only cost another timer; within this slack, the moment counts as reached.
-_SLACK = time.get_clock_info("monotonic").resolution
-
-#: A shared-backend slot is kept at least this long before it counts as stale (a local Redis
-#: round trip takes ~0.2 ms, a remote one a few ms).
-_MIN_STALE_SECONDS = 0.01
-
-#: The slack of loops whose clock is not asyncio's. uvloop's loop.time() counts whole
-#: milliseconds (cached per loop iteration) and rounds timer delays to the nearest millisecond,
-#: a delay under half a millisecond to "now": with a finer slack, a woken task would find itself
-#: a fraction of a millisecond early and re-arm a zero-delay timer until the clock ticks over,
-#: dozens of loop iterations per request.
-_COARSE_SLACK = 1e-3
-
-
-def _clock_slack(loop: asyncio.AbstractEventLoop) -> float:
-    """How far before its moment a woken task may find ``loop.time()``: the loop clock's grain."""
-    resolution = getattr(loop, "_clock_resolution", None)  # asyncio's BaseEventLoop
-    if isinstance(resolution, float) and 0 < resolution <= _COARSE_SLACK:
-        return max(resolution, _SLACK)
-    return _COARSE_SLACK
-
-
-# --------------------------------------------------------------------------------------------
-# Statistics
-
-
-@attrs.frozen
-class PoolStats:
-    """Counters for one pool of one store since the store was first bound in this loop."""
-
-    requests: int = 0  #: requests started (retries included: each attempt is a request)
-    rate_limited: int = 0  #: 429 responses received
-    retries: int = 0  #: attempts that were retries
-    wait_seconds: float = 0.0  #: total time started requests spent queued in the limiter
-    waiting: int = 0  #: tasks queued in this pool right now
-
-
-@attrs.frozen
-class LimiterStats:
-    """A snapshot of one store's limiter: its pools' counters and what is in flight now."""
-
-    store: str
-    pools: Mapping[str, PoolStats] = attrs.field(hash=False)
-    in_flight: int = 0
-    max_in_flight: int = 0
-
-    @property
-    def requests(self) -> int:
-        return sum(p.requests for p in self.pools.values())
-
-    @property
-    def rate_limited(self) -> int:
-        return sum(p.rate_limited for p in self.pools.values())
-
-    @property
-    def retries(self) -> int:
-        return sum(p.retries for p in self.pools.values())
-
-    @property
-    def wait_seconds(self) -> float:
-        return sum(p.wait_seconds for p in self.pools.values())
-
-
-# --------------------------------------------------------------------------------------------
-# Backends
+#: A change of a pool's interval by more than this fraction is logged at DEBUG.
+_LOGGED_CHANGE = 0.05
 
 
 class PacingBackend(Protocol):
-    """Shared pacing and pauses for (store, pool); see the module docstring for the contract."""
+    """Shared pacing of (store, pool). Errors are raised as LimiterUnavailableError (anything
+    else is wrapped in one); times are on the backend's own clock.
 
-    async def reserve(self, store: str, pool: str, interval: float) -> float: ...
+    - ``reserve(store, pool, interval)``: claim the next start, ``slot = max(now, tat,
+      pause_end)``, set ``tat = slot + interval``; return ``(slot - now, slowdown)``, the
+      second the pool's shared 429 slowdown (1.0 when none), so a widening one process learnt
+      reaches the others with their next start, in the same round trip.
+    - ``pause(store, pool, seconds, slowdown)``: no slot before ``now + seconds``, and the
+      slowdown raised to ``slowdown``; neither is ever lowered by a smaller value.
+    """
 
-    async def pause(self, store: str, pool: str, seconds: float) -> None: ...
+    async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]: ...
+
+    async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None: ...
+
+
+class _Shared:
+    __slots__ = ("pause_end", "slowdown", "tat")
+
+    def __init__(self) -> None:
+        self.tat = self.pause_end = -math.inf
+        self.slowdown = Slowdown()
 
 
 class MemoryPacing:
-    """Reference :class:`PacingBackend` in memory: what a Redis backend does atomically.
-
-    Several limiters sharing one instance (in one loop) behave like several processes sharing
-    one Redis. The clock is the running loop's, so tests can fake it.
-    """
+    """The :class:`PacingBackend` of one process, on each running loop's clock. Several
+    limiters sharing one instance behave like processes sharing one Redis."""
 
     def __init__(self) -> None:
-        # (store, pool) -> theoretical arrival time of the next slot / end of the pause
-        self._tat: dict[tuple[str, str], float] = {}
-        self._pause_end: dict[tuple[str, str], float] = {}
+        self._loops: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str, str], _Shared]
+        ] = weakref.WeakKeyDictionary()
 
-    async def reserve(self, store: str, pool: str, interval: float) -> float:
-        now = asyncio.get_running_loop().time()
-        key = (store, pool)
-        slot = max(now, self._tat.get(key, _NEVER), self._pause_end.get(key, _NEVER))
-        self._tat[key] = slot + interval
-        return slot - now
+    def _shared(self, store: str, pool: str) -> tuple[float, _Shared]:
+        loop = asyncio.get_running_loop()
+        pools = self._loops.setdefault(loop, {})
+        shared = pools.get((store, pool))
+        if shared is None:
+            shared = pools[store, pool] = _Shared()
+        return loop.time(), shared
 
-    async def pause(self, store: str, pool: str, seconds: float) -> None:
-        end = asyncio.get_running_loop().time() + seconds
-        key = (store, pool)
-        self._pause_end[key] = max(end, self._pause_end.get(key, _NEVER))
+    async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
+        now, shared = self._shared(store, pool)
+        slot = max(now, shared.tat, shared.pause_end)
+        shared.tat = slot + interval
+        return slot - now, shared.slowdown.value(now)
 
-
-# --------------------------------------------------------------------------------------------
-# Primitives
+    async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
+        now, shared = self._shared(store, pool)
+        shared.pause_end = max(shared.pause_end, now + seconds)
+        shared.slowdown.set(now, slowdown)
 
 
 class _FifoGate:
-    """A FIFO semaphore: places go to waiters strictly in arrival order, no barging.
-
-    Waiters sit in an OrderedDict so that a cancelled one leaves in O(1) and no cancelled future
-    lingers (a lingering future would keep its closed event loop alive).
-    """
+    """A FIFO semaphore: places go to waiters in arrival order, no barging. Waiters sit in an
+    OrderedDict so that a cancelled one leaves in O(1)."""
 
     __slots__ = ("_free", "_waiters")
 
@@ -240,13 +123,8 @@ class _FifoGate:
         self._free = size
         self._waiters: OrderedDict[asyncio.Future[None], None] = OrderedDict()
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
     async def acquire(self) -> None:
-        # Places are handed straight to waiters on release, so a free place means nobody waits.
-        if self._free > 0:
+        if self._free > 0:  # places are handed straight to waiters: free means nobody waits
             self._free -= 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -255,174 +133,57 @@ class _FifoGate:
             await fut
         except asyncio.CancelledError:
             if fut in self._waiters:
-                del self._waiters[fut]  # still queued: leaving the queue is all there is to do
+                del self._waiters[fut]
             elif not fut.cancelled():
                 self.release()  # granted, then cancelled before it ran: pass the place on
             raise
 
-    def _next_waiter(self) -> asyncio.Future[None] | None:
+    def release(self) -> None:
         while self._waiters:
             fut, _ = self._waiters.popitem(last=False)
-            # A future cancelled an instant ago is still queued until its task runs; skip it.
-            if not fut.done():
-                return fut
-        return None
-
-    def release(self) -> None:
-        fut = self._next_waiter()
-        if fut is None:
-            self._free += 1
-        else:
-            fut.set_result(None)
-
-    def release_at(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        """Hand the place to the next waiter, but wake it only at ``when``: a pool's next head
-        has nothing to do before its paced moment, and waking it then saves it a wake-up (and
-        a timer) per request. Cancelled before then, it passes the place on at once."""
-        fut = self._next_waiter()
-        if fut is None:
-            self._free += 1
-        else:
-            loop.call_at(when, self._grant, fut)
-
-    def _grant(self, fut: asyncio.Future[None]) -> None:
-        if fut.done():  # cancelled while its grant was pending: the next waiter's turn
-            self.release()
-        else:
-            fut.set_result(None)
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def _sleep_until(
-    loop: asyncio.AbstractEventLoop, when: float, unsent_of: _Pool | None = None
-) -> None:
-    """Sleep until ``when`` (may be inf with ``unsent_of``) or, with ``unsent_of``, until an
-    unwritten request of that pool is written or gives up, whichever comes first."""
-    fut: asyncio.Future[None] = loop.create_future()
-    if unsent_of is not None:
-        unsent_of.unsent_changed = fut
-    handle = loop.call_at(when, _wake, fut) if when < math.inf else None
-    try:
-        await fut
-    finally:
-        if unsent_of is not None:
-            unsent_of.unsent_changed = None
-        if handle is not None:
-            handle.cancel()
+            if not fut.done():  # a future cancelled an instant ago is still queued: skip it
+                fut.set_result(None)
+                return
+        self._free += 1
 
 
 class _Pool:
     """Mutable state of one (store, pool)."""
 
-    __slots__ = (
-        "interval",
-        "last_start",
-        "lateness_credit",
-        "n",
-        "name",
-        "pause_until",
-        "rate_limited",
-        "requests",
-        "reserved_at",
-        "reserving",
-        "retries",
-        "send_span",
-        "sends",
-        "turn",
-        "unsent",
-        "unsent_changed",
-        "wait_seconds",
-        "waiting",
-        "warm_since",
-        "window",
-    )
-
-    def __init__(self, name: str, limits: Limits) -> None:
-        rate = limits.rate_for(name)
+    def __init__(self, name: str, rate: Rate) -> None:
         self.name = name
-        self.interval = limits.interval_for(name)
-        self.window = rate.per
-        self.n = rate.n
-        # The write moments of the pool's last n written requests, oldest first (loop time;
-        # appended as they happen, so sorted), and how many started requests are not written
-        # yet; see _send_bound.
-        self.send_span = limits.send_span_for(name)
-        self.sends: deque[float] = deque(maxlen=rate.n)
-        self.unsent = 0
-        # Set by the head while unwritten requests hold it back; woken when one of them is
-        # written or gives up.
-        self.unsent_changed: asyncio.Future[None] | None = None
-        # When the current unbroken run of paced starts began (a cold start or a pause's end).
-        self.warm_since = _NEVER
-        # How late a start may be and still be paced from its scheduled moment (see
-        # _wait_for_start); see Limits.lateness_credit_for.
-        self.lateness_credit = limits.lateness_credit_for(name)
+        self.rate = rate
+        self.server_rate: Rate | None = None  # a lower rate the server announced
         self.turn = _FifoGate(1)
-        self.last_start = _NEVER
-        self.pause_until = _NEVER
-        # Shared backends only: a slot claimed from the backend and not used yet (loop time),
-        # and the claim in progress. Both belong to the pool, not to a task, so a cancelled
-        # head's slot goes to the next head.
-        self.reserved_at: float | None = None
-        self.reserving: asyncio.Task[None] | None = None
-        self.requests = 0
-        self.rate_limited = 0
-        self.retries = 0
+        self.jitter = Jitter(rate.n)
+        self.slowdown = Slowdown()
+        self.starts: deque[float] = deque(maxlen=2 * rate.n + 2)  # recent starts, for 429s
+        self.pause_until = self.last_start = self.run_start = -math.inf
+        self.interval = self.margin = self.logged = 0.0
+        self.paced_by = "start"
+        self.requests = self.rate_limited = self.retries = self.waiting = 0
         self.wait_seconds = 0.0
-        self.waiting = 0
-
-    def snapshot(self) -> PoolStats:
-        return PoolStats(
-            requests=self.requests,
-            rate_limited=self.rate_limited,
-            retries=self.retries,
-            wait_seconds=self.wait_seconds,
-            waiting=self.waiting,
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Per-store limiter
 
 
 class Slot:
-    """``async with store_limiter.slot(pool) as start``: wait for a start, hold an in-flight
-    place; ``start.sent()`` reports the moment the request was written (see the guarantees)."""
+    """``async with store_limiter.slot(pool) as slot``: holds an in-flight place while the
+    request runs; ``slot.due`` is the moment it was paced for (loop time)."""
 
-    __slots__ = ("_limiter", "_pool", "_reports_sends", "_unsent")
+    __slots__ = ("_limiter", "_max_wait", "_pool", "due")
 
-    def __init__(self, limiter: StoreLimiter, pool: _Pool, reports_sends: bool) -> None:
+    def __init__(self, limiter: StoreLimiter, pool: _Pool, max_wait: float) -> None:
         self._limiter = limiter
         self._pool = pool
-        self._reports_sends = reports_sends
-        self._unsent = False
+        self._max_wait = max_wait
+        self.due = 0.0
+
+    @property
+    def pool(self) -> str:
+        return self._pool.name
 
     async def __aenter__(self) -> Slot:
-        started = await self._limiter._acquire(self._pool)
-        if self._reports_sends:
-            self._unsent = True
-            self._pool.unsent += 1
-        else:
-            self._pool.sends.append(started)
+        self.due = await self._limiter._acquire(self._pool, self._max_wait)
         return self
-
-    def sent(self) -> None:
-        """The request has just been written: count it from now (once; later calls are no-ops)."""
-        if self._unsent:
-            self._settle(written=True)
-
-    def _settle(self, *, written: bool) -> None:
-        p = self._pool
-        self._unsent = False
-        p.unsent -= 1
-        if written:
-            p.sends.append(asyncio.get_running_loop().time())
-        if p.unsent_changed is not None:
-            _wake(p.unsent_changed)
 
     async def __aexit__(
         self,
@@ -430,91 +191,128 @@ class Slot:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._unsent:  # never written (it could not connect): the server never saw it
-            self._settle(written=False)
-        self._limiter._in_flight.release()
+        limiter = self._limiter
+        limiter._in_flight.release()
+        # An answered request of the global pool is a jitter sample.
+        if (
+            exc_type is None
+            and self._pool is limiter._global
+            and limiter._global.jitter.add(asyncio.get_running_loop().time() - self.due)
+        ):
+            limiter._pace(limiter._global, self.due)
 
 
 class StoreLimiter:
     """The limiter state of one store in one event loop; get it from :meth:`Limiter.bind`."""
 
     def __init__(
-        self,
-        store: str,
-        limits: Limits,
-        backend: PacingBackend | None,
-        loop: asyncio.AbstractEventLoop,
+        self, store: str, limits: Limits, backend: PacingBackend, loop: asyncio.AbstractEventLoop
     ) -> None:
         self.store = store
         self.limits = limits
         self._backend = backend
-        # Weak: the registry is keyed weakly by loop, and a strong reference from the value
-        # would keep every loop that ever bound a store alive.
-        self._loop_ref = weakref.ref(loop)
-        self._slack = _clock_slack(loop)
+        self._loop_ref = weakref.ref(loop)  # weak: the registry must not keep loops alive
         self._in_flight = _FifoGate(limits.max_in_flight)
-        self._pools = {name: _Pool(name, limits) for name in limits.pools}
-        # Strong references to backend pause calls in progress (the loop keeps only weak ones).
-        self._background: set[asyncio.Task[None]] = set()
+        self._pools = {name: _Pool(name, limits.rate_for(name)) for name in limits.pools}
+        self._global = self._pools["global"]
+        self._background: set[asyncio.Task[None]] = set()  # backend pauses in progress
 
     def __repr__(self) -> str:
-        waiting = sum(p.waiting for p in self._pools.values())
-        return (
-            f"<StoreLimiter store={self.store!r} in_flight={self.in_flight}"
-            f"/{self.limits.max_in_flight} waiting={waiting}>"
-        )
+        return f"<StoreLimiter store={self.store!r} in_flight={self.in_flight}>"
 
     @property
     def in_flight(self) -> int:
         return self.limits.max_in_flight - self._in_flight._free
 
-    def pool_for(self, method: str, path: str) -> str:
-        """The pool a request draws on, by the Limits this store was bound with."""
-        return self.limits.pool_for(method, path)
-
     def _pool(self, pool: str) -> _Pool:
         try:
             return self._pools[pool]
         except KeyError:
+            pools = ", ".join(self._pools)
             raise ConfigError(
-                f"store {self.store!r} has no rate-limit pool {pool!r}"
-                f" (pools: {', '.join(self._pools)})"
+                f"store {self.store!r} has no rate-limit pool {pool!r} (pools: {pools})"
             ) from None
 
-    def slot(self, pool: str, *, reports_sends: bool = False) -> Slot:
-        """Wait (FIFO, pacing, pauses, in-flight cap) and hold an in-flight place meanwhile.
+    def slot(self, pool: str, *, max_wait: float = math.inf) -> Slot:
+        """Wait for a paced start of ``pool`` and hold an in-flight place meanwhile. A request
+        that would wait on a pause (or slot) longer than ``max_wait`` seconds fails at once
+        with RateLimitError, ``retry_after`` saying how long the wait is."""
+        return Slot(self, self._pool(pool), max_wait)
 
-        With ``reports_sends``, the caller calls ``sent()`` on the entered slot the moment the
-        request is written; otherwise the start counts as the write."""
-        return Slot(self, self._pool(pool), reports_sends)
+    def stats(self) -> LimiterStats:
+        fields = [f.name for f in attrs.fields(PoolStats)]
+        pools = {n: PoolStats(*(getattr(p, f) for f in fields)) for n, p in self._pools.items()}
+        return LimiterStats(
+            self.store, MappingProxyType(pools), self.in_flight, self.limits.max_in_flight
+        )
 
-    def pause(self, pool: str, seconds: float) -> None:
-        """Hold every task of ``pool`` for ``seconds`` from now (after a 429).
+    # -- what responses teach ------------------------------------------------------------------
 
-        Never shortens a longer pause already in force. Values that are not positive and finite
-        are ignored. With a shared backend, the pause is also sent to it in the background.
-        """
-        p = self._pool(pool)
-        if not 0 < seconds < math.inf:
-            return
+    def record_retry(self, pool: str) -> None:
+        self._pool(pool).retries += 1
+
+    def rate_limited(self, slot: Slot, pause: float | None) -> None:
+        """A 429 answered the request of ``slot``: count it, widen the pool's slowdown (once
+        per round trip) and pause the pool for ``pause`` seconds (Retry-After)."""
+        p = slot._pool
+        p.rate_limited += 1
         loop = self._loop_ref()
         if loop is None:
             return
-        until = loop.time() + seconds
-        if until > p.pause_until:
-            p.pause_until = until
-            logger.debug("store %r pool %r: paused for %.3fs", self.store, pool, seconds)
-        else:
-            logger.debug(
-                "store %r pool %r: pause of %.3fs is within the current one",
-                self.store,
-                pool,
-                seconds,
-            )
-        if self._backend is not None:
-            task = loop.create_task(self._backend.pause(self.store, pool, seconds))
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
+        now = loop.time()
+        if slot.due > p.slowdown.widened_at:  # else it was sent before the last widening
+            rate = p.server_rate or p.rate
+            since = max(p.run_start, slot.due - rate.per)
+            accepted = 0
+            if p.pause_until <= since:
+                accepted = sum(1 for t in p.starts if since <= t < slot.due)
+            factor = p.slowdown.widen(now, rate.n / accepted if accepted else 1.0)
+            logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
+        self._pause(p, loop, pause or 0.0, p.slowdown.value(now))
+
+    def server_limit(self, pool: str, limit: ServerLimit, *, retry_after: bool = False) -> None:
+        """A response of ``pool`` announced the server's limit: pace by a lower quota (or any,
+        with ``Limits(server_limits="follow")``); hold the pool until the reset when nothing
+        remains, unless a Retry-After already said how long, or pacing by the quota covers it."""
+        if self.limits.server_limits == "ignore":
+            return
+        p = self._pool(pool)
+        loop = self._loop_ref()
+        if limit.quota is not None and limit.quota < 1e9:
+            announced = Rate(limit.quota, per=limit.window or p.rate.per)
+            lower = announced.per_second < p.rate.per_second
+            new = announced if lower or self.limits.server_limits == "follow" else None
+            if new != p.server_rate:
+                p.server_rate = new
+                p.jitter.needed = min(p.jitter.needed, (new or p.rate).n + 1)
+        if (
+            limit.remaining == 0
+            and limit.reset
+            and not retry_after
+            and loop is not None
+            and (p.server_rate is None or limit.reset > p.server_rate.per)
+        ):
+            self._pause(p, loop, limit.reset, 1.0)
+
+    def pause(self, pool: str, seconds: float) -> None:
+        """Hold every request of ``pool`` for ``seconds`` from now, in every process sharing the
+        backend. Never shortens a pause in force; values not positive and finite are ignored."""
+        p = self._pool(pool)
+        loop = self._loop_ref()
+        if loop is not None and 0 < seconds < math.inf:
+            self._pause(p, loop, seconds, 1.0)
+
+    def _pause(
+        self, p: _Pool, loop: asyncio.AbstractEventLoop, seconds: float, slowdown: float
+    ) -> None:
+        if 0 < seconds < math.inf:
+            p.pause_until = max(p.pause_until, loop.time() + seconds)
+            logger.debug("store %r pool %r: paused for %.3fs", self.store, p.name, seconds)
+        task = loop.create_task(
+            self._backend.pause(self.store, p.name, max(0.0, seconds), slowdown)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
@@ -525,224 +323,153 @@ class StoreLimiter:
                 type(exc).__name__,
             )
 
-    def record_429(self, pool: str) -> None:
-        self._pool(pool).rate_limited += 1
-
-    def record_retry(self, pool: str) -> None:
-        self._pool(pool).retries += 1
-
-    def stats(self) -> LimiterStats:
-        return LimiterStats(
-            store=self.store,
-            pools=MappingProxyType({name: p.snapshot() for name, p in self._pools.items()}),
-            in_flight=self.in_flight,
-            max_in_flight=self.limits.max_in_flight,
-        )
+    def _pace(self, p: _Pool, now: float) -> float:
+        """The pool's interval now, with the margin and what set it."""
+        limits = self.limits
+        rate = p.server_rate or p.rate
+        spread = self._global.jitter.spread
+        if spread is not None:
+            margin = min(limits.max_margin, max(limits.safety_margin, spread / rate.per))
+            paced_by = "jitter" if margin > limits.safety_margin else "floor"
+        elif p is not self._global and p.requests > rate.n:  # a store sending only heavy lists
+            margin, paced_by = limits.safety_margin, "floor"
+        else:
+            margin, paced_by = limits.start_margin, "start"
+        slowdown = p.slowdown.value(now)
+        if slowdown > 1 + 1e-3:
+            paced_by = "429"
+        elif p.server_rate is not None:
+            paced_by = "server"
+        interval = rate.interval * (1 + margin) * slowdown
+        if abs(interval - p.logged) > _LOGGED_CHANGE * p.logged:
+            message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
+            logger.debug(message, self.store, p.name, interval, margin, slowdown, paced_by)
+            p.logged = interval
+        p.interval, p.margin, p.paced_by = interval, margin, paced_by
+        return interval
 
     # -- acquiring ----------------------------------------------------------------------------
 
-    async def _acquire(self, p: _Pool) -> float:
+    async def _acquire(self, p: _Pool, max_wait: float) -> float:
         loop = asyncio.get_running_loop()
         if loop is not self._loop_ref():
-            raise RuntimeError(
-                f"the limiter of store {self.store!r} was bound in another event loop;"
-                " bind the store again in this one"
+            raise ConfigError(
+                f"store {self.store!r} is bound to another event loop: use a client (and its"
+                " limiter binding) only in the loop that first used it"
             )
         queued_at = loop.time()
         p.waiting += 1
         try:
             await p.turn.acquire()
             try:
-                now = await self._wait_for_start(loop, p, queued_at)
-            except BaseException:
-                p.turn.release()  # gave up: the next request finds its own moment
-                raise
-            # Hand the turn on as soon as this request starts, for the next request's paced
-            # moment (it is paced from this start, not from this request's end). Whatever
-            # happens meanwhile (a pause, a late write), it looks again when it wakes.
-            p.turn.release_at(loop, max(p.last_start + p.interval, p.pause_until))
+                await self._in_flight.acquire()
+                try:
+                    due = await self._claim(loop, p, max_wait)
+                except BaseException:
+                    self._in_flight.release()
+                    raise
+            finally:
+                p.turn.release()
         finally:
             p.waiting -= 1
-        waited = now - queued_at
+        # Back from idle (not from a pause), the server's window holds nothing of this pool:
+        # a 429 then tells its quota by the starts since (see rate_limited).
+        if due - p.last_start >= (p.server_rate or p.rate).per and not (
+            p.last_start < p.pause_until <= due
+        ):
+            p.run_start = due
+        p.starts.append(due)
+        p.last_start = due
         p.requests += 1
-        p.wait_seconds += waited
-        if waited > LONG_WAIT_SECONDS:
-            logger.debug(
-                "store %r pool %r: request waited %.2fs (%d still queued)",
-                self.store,
-                p.name,
-                waited,
-                p.waiting,
-            )
-        return now
+        p.wait_seconds += loop.time() - queued_at
+        return due
 
-    async def _wait_for_start(
-        self, loop: asyncio.AbstractEventLoop, p: _Pool, queued_at: float
-    ) -> float:
-        """As the pool's head: sleep until the paced start, take an in-flight place, start."""
+    async def _claim(self, loop: asyncio.AbstractEventLoop, p: _Pool, max_wait: float) -> float:
+        """As the pool's head, holding an in-flight place: claim a slot and sleep until it."""
         while True:
             now = loop.time()
-            bound = _send_bound(p, now)
-            ready_at = max(p.last_start + p.interval, p.pause_until, bound)
-            if ready_at == bound and p.unsent and bound - now > self._slack:
-                # Held back by requests not written yet: their write or failure moves the bound.
-                await _sleep_until(loop, bound, unsent_of=p)
+            paused = p.pause_until - now  # this process's view; a shared backend may lag it
+            if paused > 0:
+                self._check_wait(p, paused, max_wait)
+                await asyncio.sleep(paused)
                 continue
-            if self._backend is not None:
-                at = p.reserved_at
-                # A slot from before a pause, or one left unused for a while (its claimer was
-                # cancelled), would start out of step with the other processes: drop it; the
-                # backend only ever loses a slot, which is the safe side.
-                # A slot claimed more than an interval ago is stale (using it now could put two
-                # starts closer than the interval); but never call a slot stale before a backend
-                # round trip could have returned it, or tiny intervals would re-claim forever.
-                stale_after = max(p.interval, _MIN_STALE_SECONDS)
-                if at is not None and (at < p.pause_until or at + stale_after < now):
-                    p.reserved_at = at = None
-                if at is None:
-                    if ready_at - now > self._slack:
-                        # Claim a shared slot only once this process may start: the slot then
-                        # lies after our own last start + interval, so both paces agree.
-                        await _sleep_until(loop, ready_at)
-                        continue
-                    await self._reserve(loop, p)
-                    continue
-                ready_at = max(ready_at, at)
-            if ready_at - now > self._slack:
-                await _sleep_until(loop, ready_at)
-                continue  # re-check: a pause may have come in meanwhile
-            await self._in_flight.acquire()
+            wait, slowdown = await self._reserve(p, self._pace(p, now))
             now = loop.time()
-            if max(p.pause_until, _send_bound(p, now)) - now > self._slack:
-                # Paused (or every recent start still unwritten) while queued at the gate: give
-                # the place back and wait.
-                self._in_flight.release()
-                continue
-            # A start a little late for its moment (timer and loop lateness, ~1 ms each on
-            # asyncio) is paced from that moment, or the lateness would add up to a rate a few %
-            # low; one held up for long (idle pool, full in-flight gate) is paced from its
-            # actual start, so no catch-up burst follows. Any n+1 starts thus span at least
-            # n*interval - credit >= send_span > per (see Limits.lateness_credit_for); the
-            # write-span bound holds that line for late writes. A start within the slack before
-            # its moment counts as on time.
-            # No credit during the first window after a cold start (the pool was idle when this
-            # request came) or a pause: that is when connections are opened and the first
-            # requests reach the server late, and the lateness kept then is what absorbs it
-            # (issue: one 429 at cold start otherwise). A start merely late for its timer on a
-            # busy loop is not cold: a window without credit after each would cost a few %.
-            resumed = ready_at == p.pause_until and p.pause_until > p.last_start + p.interval
-            if now - ready_at > p.lateness_credit or resumed:
-                if resumed or ready_at + p.lateness_credit < queued_at:
-                    p.warm_since = now
-                p.last_start = now
-            elif now - p.warm_since >= p.window:
-                p.last_start = ready_at
-            else:
-                p.last_start = max(now, ready_at)
-            p.reserved_at = None
-            return now
+            p.slowdown.set(now, slowdown)
+            self._check_wait(p, wait, max_wait)
+            due = now + wait
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if p.pause_until <= due:  # else a pause came in meanwhile: claim again after it
+                return due
 
-    async def _reserve(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> None:
-        task = p.reserving
-        if task is None:
-            task = p.reserving = loop.create_task(self._claim_slot(loop, p))
-            # Retrieve a failure nobody awaits any more (its waiter was cancelled).
-            task.add_done_callback(_consume_result)
-        # Shielded: if this task is cancelled the claim still completes, for the next head.
-        await asyncio.shield(task)
+    def _check_wait(self, p: _Pool, wait: float, max_wait: float) -> None:
+        if wait > max_wait:
+            raise RateLimitError(
+                f"store {self.store!r}: the {p.name} pool is paused for {wait:.1f}s more,"
+                " longer than RetryPolicy.max_retry_after allows a request to wait",
+                retry_after=wait,
+                status=429,
+                code=None,
+                server_message=None,
+                body=None,
+            )
 
-    async def _claim_slot(self, loop: asyncio.AbstractEventLoop, p: _Pool) -> None:
-        assert self._backend is not None
+    async def _reserve(self, p: _Pool, interval: float) -> tuple[float, float]:
         try:
-            delay = float(await self._backend.reserve(self.store, p.name, p.interval))
+            wait, slowdown = await self._backend.reserve(self.store, p.name, interval)
+            wait, slowdown = float(wait), float(slowdown)
         except AsyncSubsError:
             raise
         except Exception as exc:
-            # The type only: a backend's message may carry its URL and password. The cause
-            # stays chained for whoever debugs it.
+            # The type only: a backend's message may carry its URL and password.
             raise LimiterUnavailableError(
                 f"rate limiter backend failed for store {self.store!r}: {type(exc).__name__}"
             ) from exc
-        finally:
-            p.reserving = None
-        if not 0 <= delay < math.inf:
+        if not (0 <= wait < math.inf and 1 <= slowdown < math.inf):
             raise LimiterUnavailableError(
-                f"rate limiter backend returned an invalid delay {delay!r} for store {self.store!r}"
+                f"rate limiter backend returned an invalid slot ({wait!r}, {slowdown!r})"
+                f" for store {self.store!r}"
             )
-        p.reserved_at = loop.time() + delay
-
-
-def _send_bound(p: _Pool, now: float) -> float:
-    """The earliest moment the pool's next request may start so that no ``n + 1`` writes fall
-    within ``send_span``: ``send_span`` after the n-th most recent write, counting the requests
-    started and not yet written as written now or later (so their own lateness is covered)."""
-    written = p.n - p.unsent  # of the last n requests, how many are written
-    if written <= 0:
-        return math.inf  # all still unwritten: wait for one of them
-    sends = p.sends
-    if len(sends) < written:
-        return _NEVER
-    return sends[-written] + p.send_span
-
-
-def _consume_result(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-# --------------------------------------------------------------------------------------------
-# Registries
+        return wait, slowdown
 
 
 class Limiter:
     """Per-store limiter state, shared by every client bound to the same store and loop.
 
-    ``backend=None`` paces in this process only; a shared backend (see the module docstring)
-    makes processes pace together. Different stores never slow each other.
-
-    If a store is bound again with different :class:`Limits`, the first binding wins and a
-    warning is logged: one store has one budget, and changing it under running requests would
-    break the guarantees. Use :meth:`StoreLimiter.pool_for` so requests use that binding's pools.
+    ``backend`` holds what processes share (see :class:`PacingBackend`); different stores
+    never slow each other. A store has one budget: binding it again with other
+    :class:`Limits` raises ConfigError.
     """
 
-    def __init__(self, backend: PacingBackend | None = None) -> None:
+    def __init__(self, backend: PacingBackend) -> None:
         self._backend = backend
-        # bind() is sync and may run in several threads' loops at once.
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # bind() is sync and may run in several threads' loops
         self._stores: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, StoreLimiter]
         ] = weakref.WeakKeyDictionary()
-
-    @property
-    def backend(self) -> PacingBackend | None:
-        return self._backend
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
         if not isinstance(store, str) or not store:
             raise ConfigError(f"store must be a non-empty string, got {store!r}")
         if not isinstance(limits, Limits):
-            raise ConfigError(f"limits must be a Limits, got {limits!r}")
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise RuntimeError(
+            raise ConfigError(
                 "Limiter.bind() must be called in the event loop that will send the requests"
             ) from None
         with self._lock:
-            stores = self._stores.get(loop)
-            if stores is None:
-                stores = self._stores[loop] = {}
+            stores = self._stores.setdefault(loop, {})
             bound = stores.get(store)
             if bound is None:
                 bound = stores[store] = StoreLimiter(store, limits, self._backend, loop)
-                return bound
         if bound.limits != limits:
-            logger.warning(
-                "store %r is already bound with %r; keeping those limits and ignoring %r",
-                store,
-                bound.limits,
-                limits,
+            raise ConfigError(
+                f"store {store!r} is already in use with other Limits ({bound.limits!r});"
+                " every client of one store must pass the same Limits"
             )
         return bound
 
@@ -751,7 +478,7 @@ class LocalLimiter(Limiter):
     """In-process limiter: clients sharing an instance (and a loop) share each store's budget."""
 
     def __init__(self) -> None:
-        super().__init__(None)
+        super().__init__(MemoryPacing())
 
 
 _default = LocalLimiter()

@@ -2,101 +2,29 @@
 
 ``Transport`` is the test seam (as in httpx): anything with ``send`` and ``aclose`` can stand in
 for the network. Redirects are never followed, so the token never reaches another origin.
-
-A transport may also tell the rate limiter when each request is actually written (it paces
-writes, not just starts, when it knows them): it sets ``reports_sends = True`` and calls
-:func:`report_sent` the moment a request goes out. ``AiohttpTransport`` does so through its
-connector (on sessions it creates, or shared ones built on a :class:`SendReportingConnector`):
-aiohttp writes a request as soon as ``connect()`` hands it a connection, and that is where a
-new connection or a busy loop can hold a request back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import aiohttp
-from aiohttp.tracing import Trace
 
 from ._protocol import RawResponse, Request
 from .errors import ProtocolError, TransportError, excerpt
 
-__all__ = [
-    "AiohttpTransport",
-    "SendReportingConnector",
-    "Transport",
-    "report_sent",
-    "watch_sends",
-]
-
-#: Task -> what to call once the request it is sending is written; set by the client around
-#: ``Transport.send``. Keyed by task, not held in a ContextVar: with a context variable set and
-#: reset around every request (and captured by every callback aiohttp scheduled meanwhile),
-#: young GC collections ran seven times as often (6.9 vs 0.95 per 1,000 requests, 200 in flight).
-_sent_hooks: dict[asyncio.Task[Any], Callable[[], None]] = {}
-
-
-class watch_sends:  # lower case: used like a function, ``with watch_sends(hook):``
-    """While sending in this task: call ``hook()`` when :func:`report_sent` is called in it."""
-
-    __slots__ = ("_hook", "_task")
-
-    def __init__(self, hook: Callable[[], None]) -> None:
-        self._hook = hook
-        self._task: asyncio.Task[Any] | None = None
-
-    def __enter__(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._task = task
-            _sent_hooks[task] = self._hook
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            _sent_hooks.pop(self._task, None)
-            self._task = None
-
-
-def report_sent() -> None:
-    """For transports: the request being sent in this task has just been written."""
-    task = asyncio.current_task()
-    if task is not None:
-        hook = _sent_hooks.get(task)
-        if hook is not None:
-            hook()
+__all__ = ["AiohttpTransport", "Transport"]
 
 
 class Transport(Protocol):
-    """Sends requests. Optionally ``reports_sends: bool`` (absent means False): whether
-    :func:`report_sent` is called for every request that is written."""
+    """Sends requests."""
 
     async def send(self, request: Request, *, timeout: float) -> RawResponse:
         """Send one request; raise TransportError or ProtocolError, nothing else."""
         ...
 
     async def aclose(self) -> None: ...
-
-
-class SendReportingConnector(aiohttp.TCPConnector):
-    """An ``aiohttp.TCPConnector`` that tells asyncsubs' rate limiter when each request is
-    written, for a session shared by several clients::
-
-        session = aiohttp.ClientSession(connector=asyncsubs.SendReportingConnector(limit=0))
-
-    The limiter then paces actual writes, not just starts, as it does on the sessions the
-    clients create themselves (requests of other code through the session are unaffected).
-    aiohttp writes a request the moment ``connect()`` returns its connection.
-    """
-
-    async def connect(
-        self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
-    ) -> aiohttp.connector.Connection:
-        conn = await super().connect(req, traces, timeout)
-        report_sent()
-        return conn
 
 
 #: OpenSSL's reasons for a handshake answered by something that does not speak TLS.
@@ -116,7 +44,7 @@ def _transport_error(exc: aiohttp.ClientError, request: Request) -> TransportErr
         return TransportError(
             f"{where}: the server's TLS certificate failed verification ({why}); check the host "
             "in base_url, or trust the server's CA: session=aiohttp.ClientSession(connector="
-            "asyncsubs.SendReportingConnector(ssl=an_ssl_context_with_it))",
+            "aiohttp.TCPConnector(ssl=an_ssl_context_with_it))",
             maybe_processed=False,
             transient=False,
             **kwargs,
@@ -165,8 +93,7 @@ class AiohttpTransport:
 
     A session passed in is shared and never closed here; otherwise one is created on first use
     and closed by ``aclose``. Bodies larger than ``max_response_bytes`` are refused without
-    being read into memory whole. Writes are reported (see the module docstring) on sessions
-    created here and on shared ones whose connector is a :class:`SendReportingConnector`.
+    being read into memory whole.
     """
 
     def __init__(
@@ -176,9 +103,6 @@ class AiohttpTransport:
         self._owns_session = session is None
         self._max_bytes = max_response_bytes
         self._timeout: aiohttp.ClientTimeout | None = None
-        self.reports_sends = session is None or isinstance(
-            session.connector, SendReportingConnector
-        )
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -187,7 +111,7 @@ class AiohttpTransport:
                     "the aiohttp session passed to the client is closed", transient=False
                 )
             # Concurrency is capped per store by the limiter, not by the connector.
-            connector = SendReportingConnector(limit=0, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 

@@ -50,6 +50,7 @@ import weakref
 from types import TracebackType
 from typing import Any, Final, TypeAlias
 
+from ._calibration import SLOWDOWN_HALF_LIFE
 from ._limiter import Limiter, MemoryPacing
 from .errors import ConfigError, LimiterUnavailableError
 
@@ -70,6 +71,9 @@ logger = logging.getLogger("asyncsubs.redis")
 RedisClient: TypeAlias = aioredis.Redis | aioredis.RedisCluster
 
 _US: Final = 1_000_000
+_HALF_LIFE_US: Final = int(SLOWDOWN_HALF_LIFE * _US)
+#: A slowdown key outlives its last widening by ten half-lives (its excess then < 0.1%).
+_SLOWDOWN_TTL_MS: Final = int(SLOWDOWN_HALF_LIFE * 10 * 1000)
 
 # GCRA without burst on Redis's clock. Integers of microseconds since the epoch are exact in
 # Lua's doubles (up to 2**53); '%.0f' writes them whole (tostring() would keep 14 digits only).
@@ -85,22 +89,43 @@ local slot = math.max(now, tat, pause_end)
 local new_tat = slot + tonumber(ARGV[1])
 local ttl = math.ceil((new_tat - now) / 1000) + tonumber(ARGV[2])
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%.0f', ttl))
-return slot - now
+local slow = redis.call('HMGET', KEYS[3], 'excess', 'at')
+local slowdown = 1
+if slow[1] and slow[2] then
+  local age = math.max(0, now - tonumber(slow[2]))
+  slowdown = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
+end
+return {slot - now, tostring(slowdown)}
 """
 
-# A pause never shortens a longer one; its key expires when it ends.
+# A pause never shortens a longer one (its key expires when it ends); a slowdown never lowers
+# the current, decayed one (its key expires once the excess has decayed to nothing).
 PAUSE_SCRIPT: Final = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local length = tonumber(ARGV[1])
-local pause_end = now + length
-local current = tonumber(redis.call('GET', KEYS[1])) or 0
-if pause_end <= current then
-  return 0
+if length > 0 then
+  local pause_end = now + length
+  local current = tonumber(redis.call('GET', KEYS[1])) or 0
+  if pause_end > current then
+    local ttl = math.ceil(length / 1000)
+    redis.call('SET', KEYS[1], string.format('%.0f', pause_end), 'PX', string.format('%.0f', ttl))
+  end
 end
-local ttl = math.ceil(length / 1000)
-redis.call('SET', KEYS[1], string.format('%.0f', pause_end), 'PX', string.format('%.0f', ttl))
+local factor = tonumber(ARGV[2])
+if factor > 1 then
+  local slow = redis.call('HMGET', KEYS[2], 'excess', 'at')
+  local current = 1
+  if slow[1] and slow[2] then
+    local age = math.max(0, now - tonumber(slow[2]))
+    current = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
+  end
+  if factor > current then
+    redis.call('HSET', KEYS[2], 'excess', tostring(factor - 1), 'at', string.format('%.0f', now))
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  end
+end
 return 1
 """
 
@@ -116,7 +141,7 @@ class _Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
-    async def __call__(self, client: RedisClient, keys: list[str], args: list[int]) -> Any:
+    async def __call__(self, client: RedisClient, keys: list[str], args: list[int | str]) -> Any:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -236,10 +261,10 @@ class RedisPacing:
         """True while Redis is known to be down and this process paces on its own."""
         return self._down
 
-    def keys(self, store: str, pool: str) -> tuple[str, str]:
-        """The TAT key and the pause key of ``(store, pool)``."""
+    def keys(self, store: str, pool: str) -> tuple[str, str, str]:
+        """The TAT, pause and slowdown keys of ``(store, pool)``."""
         base = f"{self.prefix}:{{{_escape(store)}}}"
-        return f"{base}:tat:{pool}", f"{base}:pause:{pool}"
+        return f"{base}:tat:{pool}", f"{base}:pause:{pool}", f"{base}:slowdown:{pool}"
 
     def client(self) -> RedisClient:
         """The Redis client for the running loop (made on first use from a URL)."""
@@ -277,30 +302,39 @@ class RedisPacing:
 
     # -- PacingBackend ---------------------------------------------------------------------------
 
-    async def reserve(self, store: str, pool: str, interval: float) -> float:
+    async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
         fraction = self.fallback_fraction
         if fraction is not None and self._down:
             self._start_probe()
             return await self._memory.reserve(store, pool, interval / fraction)
         try:
-            micros = await _RESERVE(
-                self.client(), list(self.keys(store, pool)), [_micros(interval), self._idle_ms]
+            reply = await _RESERVE(
+                self.client(),
+                list(self.keys(store, pool)),
+                [_micros(interval), self._idle_ms, _HALF_LIFE_US],
             )
-            delay = int(micros) / _US
-        except (*_FAILURES, ValueError, TypeError) as exc:  # the last two: a reply not an int
+            wait, slowdown = int(reply[0]) / _US, float(reply[1])
+        except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
             if fraction is None:
                 raise self._unavailable(store, exc) from exc
             self._enter_fallback(store, exc)
             return await self._memory.reserve(store, pool, interval / fraction)
-        return delay
+        return wait, slowdown
 
-    async def pause(self, store: str, pool: str, seconds: float) -> None:
+    async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         # Also kept in memory, so a fallback that starts during the pause still honours it.
-        await self._memory.pause(store, pool, seconds)
+        await self._memory.pause(store, pool, seconds, slowdown)
         if self.fallback_fraction is not None and self._down:
             return
+        _, pause_key, slowdown_key = self.keys(store, pool)
+        args: list[int | str] = [
+            _micros(seconds) if seconds > 0 else 0,
+            repr(float(slowdown)),
+            _HALF_LIFE_US,
+            _SLOWDOWN_TTL_MS,
+        ]
         try:
-            await _PAUSE(self.client(), [self.keys(store, pool)[1]], [_micros(seconds)])
+            await _PAUSE(self.client(), [pause_key, slowdown_key], args)
         except _FAILURES as exc:
             if self.fallback_fraction is None:
                 raise self._unavailable(store, exc) from exc

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "memory": "memory",
     "prefetch": "prefetch",
     "stores": "stores",
+    "pacer": "pacer",
     "redis": "redis_shared",
 }
 

@@ -13,7 +13,7 @@ counted by the server: accepted request starts in the phase's window over its le
 2. A heavy list pull (``subscriptions``, page size 50, client heavy pool 2/s matching the
    server's) together with 200 light tasks on one store: each pool against its own rate.
 3. 20 stores at once (50 tasks each, one shared aiohttp session on a
-   ``SendReportingConnector``, so writes are paced as on own sessions): every store against its
+   ``TCPConnector(limit=0)``): every store against its
    rate, and the client's CPU seconds per 1,000 requests (``time.process_time`` of this process; the
    server's CPU is read from /proc), next to raw aiohttp sending the same requests.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncsubs import AdminClient, Limits, Rate, SendReportingConnector
+from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 
 from ._common import (
@@ -135,7 +135,7 @@ async def phase_two(remote: RemoteFakeServer, seconds: float) -> dict[str, Any]:
 async def phase_three(remote: RemoteFakeServer, seconds: float) -> dict[str, Any]:
     stores = [f"a3-{i:02d}" for i in range(1, MANY + 1)]
     tallies = {s: Tally() for s in stores}
-    connector = SendReportingConnector(limit=0)  # writes paced, as on own sessions
+    connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         clients = [client_for(remote, s, limits=client_limits(), session=session) for s in stores]
         await warm_up(remote, stores, session)

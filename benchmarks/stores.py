@@ -5,7 +5,7 @@ The FakeAdminServer runs in its own process (default asyncio loop, exact clock; 
 store, sliding window, 10-30 ms latency, no request log). For each event loop of the client
 (asyncio, uvloop) and each store count, fresh stores (touched once beforehand, see
 ``_common.warm_up``) are hammered with light requests (5 tasks per store, one AdminClient per
-store, one shared aiohttp session on a ``SendReportingConnector``) for the phase's duration.
+store, one shared aiohttp session) for the phase's duration.
 Rates and 429s are the server's counts; CPU is ``time.process_time`` here and /proc for the
 server.
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncsubs import AdminClient, Limits, Rate, SendReportingConnector
+from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 
 from ._common import (
@@ -97,7 +97,7 @@ async def phase(
 ) -> dict[str, Any]:
     limits = Limits(global_rate=RATE)
     tallies = {s: Tally() for s in stores}
-    async with aiohttp.ClientSession(connector=SendReportingConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         clients = [
             AdminClient(
                 token=remote.tokens[s],

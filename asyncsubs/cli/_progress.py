@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 import attrs
 import orjson
 
-from .._limiter import PoolStats
+from .._stats import PoolStats
 from .._webhooks_receiver import ReceiverStats
 from ..errors import ConfigError
 

@@ -60,7 +60,15 @@ class ServerRateLimits:
       ``"fixed"`` (n per window aligned to multiples of ``per``) or ``"leaky"`` (token bucket of
       capacity n refilled at n/per per second: allows an initial burst).
     - ``retry_after_float``: send Retry-After as fractional seconds instead of an integer >= 1.
+    - ``headers``: announce the limit on every answer of a limited pool: ``"ietf"``
+      (``RateLimit-Policy: "default";q=N;w=PER`` and ``RateLimit: "default";r=LEFT;t=RESET``,
+      whole seconds as the draft has them) or ``"x"`` (``X-RateLimit-Limit``, ``-Remaining``,
+      ``-Reset`` in whole delta seconds); None (default) sends none.
     - ``enabled``: False turns limiting off for a store while the server default stays on.
+
+    What a client is configured with is its own business: a server enforcing less than the
+    client's ``Limits`` (and telling it only through 429s, or through ``headers``) is how the
+    client's calibration is tested.
     """
 
     global_rate: Rate = _DEFAULT_GLOBAL
@@ -69,6 +77,7 @@ class ServerRateLimits:
     )
     window: Window = attrs.field(default="sliding", validator=_check_window)
     retry_after_float: bool = False
+    headers: Literal["ietf", "x"] | None = None
     enabled: bool = True
 
     @classmethod
@@ -91,6 +100,9 @@ class _Window(Protocol):
     def acquire(self, now: float) -> float | None:
         """Take a slot: None when accepted, else seconds until a slot frees (nothing taken)."""
 
+    def remaining(self, now: float) -> tuple[int, float]:
+        """Slots left now, and seconds until the next one frees (0 when some are left)."""
+
 
 class _Sliding:
     def __init__(self, rate: Rate) -> None:
@@ -107,6 +119,11 @@ class _Sliding:
             starts.append(now)
             return None
         return starts[0] + self.per - now
+
+    def remaining(self, now: float) -> tuple[int, float]:
+        current = [t for t in self.starts if t > now - self.per]
+        left = max(0, self.n - len(current))
+        return left, 0.0 if left else current[0] + self.per - now
 
 
 class _Fixed:
@@ -126,6 +143,12 @@ class _Fixed:
             return None
         return window + self.per - now
 
+    def remaining(self, now: float) -> tuple[int, float]:
+        left = (
+            self.n - self.count if math.floor(now / self.per) * self.per == self.window else self.n
+        )
+        return left, 0.0 if left else self.window + self.per - now
+
 
 class _Leaky:
     def __init__(self, rate: Rate) -> None:
@@ -142,6 +165,10 @@ class _Leaky:
             self.tokens -= 1.0
             return None
         return (1.0 - self.tokens) / self.refill
+
+    def remaining(self, now: float) -> tuple[int, float]:
+        left = int(self.tokens)
+        return left, 0.0 if left else (1.0 - self.tokens) / self.refill
 
 
 _WINDOW_CLASSES: Final[Mapping[str, type[_Sliding | _Fixed | _Leaky]]] = {
@@ -263,6 +290,26 @@ class StoreLimiter:
         """None when the request may start (a slot is taken), else seconds until one frees."""
         window = self._windows.get(pool)
         return None if window is None else window.acquire(now)
+
+    def headers(self, pool: str, now: float) -> dict[str, str]:
+        """The rate-limit headers of an answer in ``pool`` (none unless ``limits.headers``)."""
+        style = self.limits.headers
+        window = self._windows.get(pool)
+        if style is None or window is None:
+            return {}
+        rate = self.limits.rate_for(pool)
+        left, frees_in = window.remaining(now)
+        reset = str(math.ceil(frees_in - 1e-9))
+        if style == "ietf":
+            return {
+                "RateLimit-Policy": f'"default";q={rate.n};w={rate.per:g}',
+                "RateLimit": f'"default";r={left};t={reset}',
+            }
+        return {
+            "X-RateLimit-Limit": str(rate.n),
+            "X-RateLimit-Remaining": str(left),
+            "X-RateLimit-Reset": reset,
+        }
 
 
 class StoreCounters:

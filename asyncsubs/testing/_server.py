@@ -116,6 +116,7 @@ class _Context:
     pool: str | None = None
     fault: str | None = None
     body: bytes = b""
+    rate_headers: Mapping[str, str] | None = None
 
 
 def _validate_latency(latency: Latency) -> Latency:
@@ -162,6 +163,9 @@ class FakeAdminServer:
     - ``version``: the path version served (other versions get 404).
     - ``records``: default records per resource for stores that do not set their own.
     - ``latency``: seconds added to every answer, fixed or ``(min, max)``.
+    - ``inbound_delay``: seconds between a request's arrival and its rate-limit stamp, fixed
+      or ``(min, max)``: the auth step, database lookup or proxy queue that real servers have
+      in front of their limiter, which makes requests sent evenly reach it unevenly.
     - ``rate_limits``: default per-store limits; None disables limiting.
     - ``faults``: injected faults (``Faults``); None for none.
     - ``default_page_size``/``max_page_size``: pageSize when absent / clamp above.
@@ -187,6 +191,7 @@ class FakeAdminServer:
         version: str = DEFAULT_VERSION,
         records: int | Mapping[str, int] = DEFAULT_RECORDS,
         latency: Latency = None,
+        inbound_delay: Latency = None,
         rate_limits: ServerRateLimits | None = ServerRateLimits(),  # noqa: B008 - frozen
         faults: Faults | None = None,
         default_page_size: int = 50,
@@ -225,6 +230,8 @@ class FakeAdminServer:
         self._cursors = CursorCodec(secret)
         self._latency = _validate_latency(latency)
         self._latency_rng = random.Random(seed)
+        self.inbound_delay = _validate_latency(inbound_delay)
+        self._inbound_rng = random.Random(seed + 1)
         self._picker = FaultPicker(faults)
         self._scripts = ScriptQueue()
         self._log: deque[RequestRecord] = deque(maxlen=max(1, request_log_size))
@@ -524,6 +531,8 @@ class FakeAdminServer:
         ctx.status = status
         self._request_ids += 1
         response = web.Response(status=status, body=body, headers=CIMultiDict(headers or ()))
+        if ctx.rate_headers:
+            response.headers.update(ctx.rate_headers)
         if content_type is not None:
             response.content_type = content_type
         response.headers["X-Request-Id"] = f"fake-{self._request_ids}"
@@ -544,6 +553,11 @@ class FakeAdminServer:
         return self._response(ctx, 200, _OK_PREFIX + data + b"}")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        inbound = self.inbound_delay
+        if inbound:
+            seconds = self._inbound_rng.uniform(*inbound) if isinstance(inbound, tuple) else inbound
+            if seconds > 0:
+                await asyncio.sleep(seconds)
         arrival = asyncio.get_running_loop().time()
         ctx = _Context(arrival=arrival, delay=self._draw_latency())
         try:
@@ -599,6 +613,7 @@ class FakeAdminServer:
             store.counters.fault(fault)
             return self._error(ctx, 429, "RATE_LIMITED", "Rate limit exceeded")
         wait = store.limiter.acquire(pool, ctx.arrival)
+        ctx.rate_headers = store.limiter.headers(pool, ctx.arrival)
         if wait is not None:
             store.counters.rejected(pool)
             as_float = store.limiter.limits.retry_after_float

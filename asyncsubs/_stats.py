@@ -1,0 +1,50 @@
+"""What the limiter reports: per-store and per-pool counters and the pace in force."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+__all__ = ["LimiterStats", "PoolStats"]
+
+
+@attrs.frozen
+class PoolStats:
+    """One pool of one store since the store was first bound in this loop."""
+
+    requests: int = 0  #: requests started (each attempt is a request)
+    rate_limited: int = 0  #: 429 responses received
+    retries: int = 0  #: attempts that were retries
+    wait_seconds: float = 0.0  #: total time started requests spent queued in the limiter
+    waiting: int = 0  #: tasks queued in this pool right now
+    interval: float = 0.0  #: seconds between starts now (0 before the first request)
+    margin: float = 0.0  #: the margin in that interval
+    #: What sets the interval: "start" (no samples yet), "floor", "jitter", "429", "server"
+    paced_by: str = "start"
+
+
+@attrs.frozen
+class LimiterStats:
+    """A snapshot of one store's limiter: its pools and what is in flight now."""
+
+    store: str
+    pools: Mapping[str, PoolStats] = attrs.field(hash=False)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(p.requests for p in self.pools.values())
+
+    @property
+    def rate_limited(self) -> int:
+        return sum(p.rate_limited for p in self.pools.values())
+
+    @property
+    def retries(self) -> int:
+        return sum(p.retries for p in self.pools.values())
+
+    @property
+    def wait_seconds(self) -> float:
+        return sum(p.wait_seconds for p in self.pools.values())
