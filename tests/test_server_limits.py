@@ -8,18 +8,18 @@ import itertools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs import AdminClient, Limits, Rate, errors
 from asyncsubs._limiter import LocalLimiter
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit, parse_server_limit
-from asyncsubs.testing import set_waiting
+from asyncsubs.testing import FakeAdminServer, ServerRateLimits, set_waiting
 
 NOW = 1_700_000_000.0  # a Unix time, for epoch resets
 
@@ -379,3 +379,24 @@ async def test_retry_after_takes_precedence_over_the_reset(
         pool = client.stats.pools["global"]
     assert gaps(transport.sends) == pytest.approx([1.0])
     assert (pool.rate_limited, pool.retries) == (1, 1)
+
+
+@pytest.mark.parametrize("style", ["ietf", "x"])
+async def test_fake_server_headers_reach_the_pacer(style: Literal["ietf", "x"]) -> None:
+    """End to end on loopback: a server enforcing half the configured rate, and saying so."""
+    limits = ServerRateLimits(global_rate=Rate(100, per=1.0), headers=style)
+    async with FakeAdminServer(stores=["s"], rate_limits=limits) as server:
+        async with AdminClient(
+            token=server.store("s").token,
+            base_url=server.base_url,
+            store="s",
+            limits=Limits(global_rate=Rate(200, per=1.0), heavy={}),
+            limiter=LocalLimiter(),
+        ) as client:
+            for _ in range(6):
+                with pytest.raises(errors.NotFoundError):
+                    await client.request("GET", "orders/1")
+            pool = client.stats.pools["global"]
+    assert pool.paced_by == "server"
+    assert pool.interval == pytest.approx(0.01 * START)
+    assert server.stats("s").rejected == 0
