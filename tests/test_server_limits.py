@@ -386,13 +386,14 @@ async def test_fake_server_headers_reach_the_pacer(style: Literal["ietf", "x"]) 
     """End to end on loopback: a server enforcing half the configured rate, and saying so."""
     limits = ServerRateLimits(global_rate=Rate(100, per=1.0), headers=style)
     async with FakeAdminServer(stores=["s"], rate_limits=limits) as server:
-        async with AdminClient(
+        client = AdminClient(
             token=server.store("s").token,
             base_url=server.base_url,
             store="s",
             limits=Limits(global_rate=Rate(200, per=1.0), heavy={}),
             limiter=LocalLimiter(),
-        ) as client:
+        )
+        async with client:
             for _ in range(6):
                 with pytest.raises(errors.NotFoundError):
                     await client.request("GET", "orders/1")
