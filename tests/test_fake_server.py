@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import orjson
 import pytest
 
 from asyncsubs._config import Rate
+from asyncsubs._server_limits import ServerLimit, parse_server_limit
 from asyncsubs.testing import (
     ChangeEvent,
     FakeAdminServer,
@@ -524,6 +525,113 @@ async def test_per_store_rate_limits(session: aiohttp.ClientSession, clock: Manu
     assert server.stats("acme").pool("global").accepted == 5
 
 
+def ietf(reply: Reply) -> tuple[str, str]:
+    return reply.headers["RateLimit-Policy"], reply.headers["RateLimit"]
+
+
+def x_headers(reply: Reply) -> tuple[str, str, str]:
+    h = reply.headers
+    return h["X-RateLimit-Limit"], h["X-RateLimit-Remaining"], h["X-RateLimit-Reset"]
+
+
+async def test_ietf_headers_sliding_window(
+    session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    async with limited(global_rate=Rate(2, per=10), headers="ietf") as server:
+        first = await call(session, server, "orders/1")
+        clock.advance(4)
+        last_slot = await call(session, server, "orders/1")
+        clock.advance(1)
+        refused = await call(session, server, "orders/1")
+        clock.advance(5)  # the first start leaves the window
+        again = await call(session, server, "orders/1")
+    policy = '"default";q=2;w=10'
+    assert (first.status, ietf(first)) == (404, (policy, '"default";r=1;t=0'))
+    # Taking the last slot: nothing left until the first start leaves, 6 s on.
+    assert ietf(last_slot) == (policy, '"default";r=0;t=6')
+    assert (refused.status, ietf(refused)) == (429, (policy, '"default";r=0;t=5'))
+    assert refused.headers["Retry-After"] == "5"
+    assert ietf(again) == (policy, '"default";r=0;t=4')
+    # What the client reads from them.
+    got = parse_server_limit({k.lower(): v for k, v in refused.headers.items()})
+    assert got == ServerLimit(quota=2, window=10.0, remaining=0, reset=5.0)
+
+
+async def test_x_headers_fixed_window(session: aiohttp.ClientSession, clock: ManualClock) -> None:
+    async with limited(global_rate=Rate(3, per=10), window="fixed", headers="x") as server:
+        clock.align(10, offset=0.25)
+        burst = [await call(session, server, "orders/1") for _ in range(4)]
+        clock.advance(9.5)
+        late = await call(session, server, "orders/1")
+        clock.advance(0.25)  # the next window: the whole quota again
+        fresh = await call(session, server, "orders/1")
+    assert [r.status for r in burst] == [404, 404, 404, 429]
+    assert [x_headers(r) for r in burst] == [
+        ("3", "2", "0"),
+        ("3", "1", "0"),
+        ("3", "0", "10"),  # ceil(9.75): the window's end
+        ("3", "0", "10"),
+    ]
+    assert burst[3].headers["Retry-After"] == "10"
+    assert (late.status, x_headers(late)) == (429, ("3", "0", "1"))
+    assert (fresh.status, x_headers(fresh)) == (404, ("3", "2", "0"))
+    got = parse_server_limit({k.lower(): v for k, v in burst[3].headers.items()})
+    assert got == ServerLimit(quota=3, window=None, remaining=0, reset=10.0)
+
+
+@pytest.mark.parametrize("style", ["ietf", "x"])
+async def test_rate_headers_leaky_window(
+    session: aiohttp.ClientSession, clock: ManualClock, style: Literal["ietf", "x"]
+) -> None:
+    limits = ServerRateLimits(global_rate=Rate(2, per=1), window="leaky", headers=style)
+    async with FakeAdminServer(stores=["acme"], rate_limits=limits) as server:
+        burst = [await call(session, server, "orders/1") for _ in range(3)]
+        clock.advance(0.5)  # one token back, taken at once
+        refill = await call(session, server, "orders/1")
+        clock.advance(1)  # the bucket full again
+        full = await call(session, server, "orders/1")
+    replies = [*burst, refill, full]
+    assert [r.status for r in replies] == [404, 404, 429, 404, 404]
+    # (remaining, reset): the next token comes 0.5 s after the bucket empties, sent as 1 s.
+    expected = [(1, 0), (0, 1), (0, 1), (0, 1), (1, 0)]
+    if style == "ietf":
+        assert {r.headers["RateLimit-Policy"] for r in replies} == {'"default";q=2;w=1'}
+        assert [r.headers["RateLimit"] for r in replies] == [
+            f'"default";r={left};t={reset}' for left, reset in expected
+        ]
+    else:
+        assert [x_headers(r) for r in replies] == [
+            ("2", str(left), str(reset)) for left, reset in expected
+        ]
+    other_style = "RateLimit" if style == "x" else "X-RateLimit-Limit"
+    assert all(other_style not in r.headers for r in replies)
+
+
+async def test_rate_headers_per_pool_and_only_when_asked(
+    session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    stores = [
+        FakeStoreConfig("acme"),
+        FakeStoreConfig("globex", rate_limits=ServerRateLimits.disabled()),
+        FakeStoreConfig("initech", rate_limits=ServerRateLimits()),
+    ]
+    limits = ServerRateLimits(heavy={"subscriptions": Rate(2, per=10)}, headers="x")
+    async with FakeAdminServer(stores=stores, rate_limits=limits) as server:
+        heavy = await call(session, server, "subscriptions")
+        light = await call(session, server, "orders/1")
+        unlimited_store = await call(session, server, "orders/1", store="globex")
+        no_headers = await call(session, server, "orders/1", store="initech")
+        server.enqueue(200, {"success": True, "data": None}, path="orders/1")
+        scripted = await call(session, server, "orders/1")
+        unauthenticated = await call(session, server, "orders/1", store=None)
+    assert x_headers(heavy) == ("2", "1", "0")
+    assert x_headers(light) == ("50", "49", "0")
+    for reply in (unlimited_store, no_headers, scripted, unauthenticated):
+        assert not any(
+            name.lower().startswith(("x-ratelimit", "ratelimit")) for name in reply.headers
+        )
+
+
 # --- faults ---------------------------------------------------------------------------------------
 
 
@@ -694,6 +802,42 @@ async def test_latency(session: aiohttp.ClientSession) -> None:
     assert elapsed >= 0.05
     with pytest.raises(ValueError, match="latency"):
         FakeAdminServer(latency=(0.2, 0.1))
+
+
+async def test_inbound_delay_stamps_requests_late(session: aiohttp.ClientSession) -> None:
+    """The stamp (the request log's time, the limiter's start) comes the inbound delay after
+    the request was sent; the latency comes after the stamp."""
+    loop = asyncio.get_running_loop()
+    async with FakeAdminServer(stores=["acme"], inbound_delay=0.05, latency=0.03) as server:
+        first_sent = loop.time()
+        reply = await call(session, server, "orders/1")
+        answered = loop.time()
+        record = server.requests[-1]
+        starts = server.stats("acme").pool("global").starts
+        server.inbound_delay = (0.01, 0.03)
+        server.latency = None
+        lags = []
+        for _ in range(5):
+            sent = loop.time()
+            await call(session, server, "orders/1")
+            lags.append(server.requests[-1].time - sent)
+    assert reply.status == 404
+    assert record.time - first_sent >= 0.05
+    assert answered - record.time >= 0.03
+    assert starts == (record.time,)
+    assert min(lags) >= 0.01
+    assert len(set(lags)) == 5  # drawn from the range, not fixed
+
+
+@pytest.mark.parametrize("delay", [-0.1, (0.2, 0.1), (-1.0, 0.5), True, "0.1"])
+def test_inbound_delay_is_validated(delay: Any) -> None:
+    with pytest.raises(ValueError, match="inbound_delay"):
+        FakeAdminServer(inbound_delay=delay)
+    server = FakeAdminServer(inbound_delay=(0, 0.02))
+    assert server.inbound_delay == (0.0, 0.02)
+    with pytest.raises(ValueError, match="inbound_delay"):
+        server.inbound_delay = delay
+    assert server.inbound_delay == (0.0, 0.02)
 
 
 async def test_fixture_by_name(

@@ -119,16 +119,16 @@ class _Context:
     rate_headers: Mapping[str, str] | None = None
 
 
-def _validate_latency(latency: Latency) -> Latency:
+def _validate_latency(latency: Latency, name: str = "latency") -> Latency:
     if latency is None:
         return None
     if isinstance(latency, tuple):
         low, high = latency
         if not 0 <= low <= high:
-            raise ValueError(f"latency range must be 0 <= min <= max, got {latency!r}")
+            raise ValueError(f"{name} range must be 0 <= min <= max, got {latency!r}")
         return (float(low), float(high))
     if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
-        raise ValueError(f"latency must be seconds >= 0, a (min, max) tuple or None: {latency!r}")
+        raise ValueError(f"{name} must be seconds >= 0, a (min, max) tuple or None: {latency!r}")
     return float(latency)
 
 
@@ -178,7 +178,8 @@ class FakeAdminServer:
       ``?updatedAtMin=<ISO-8601>`` return only records whose ``updatedAt`` is at or after it
       (inclusive, whole seconds), still in id order with valid cursors; None turns it off.
 
-    ``faults``, ``latency`` and rate limits (``set_rate_limits``) can be changed while running.
+    ``faults``, ``latency``, ``inbound_delay`` and rate limits (``set_rate_limits``) can be
+    changed while running.
     Records change over time with ``mutator(store)``, and changes are sent as signed webhooks
     with ``deliver_webhooks(url, secret)``; both stop when the server closes.
     """
@@ -230,7 +231,7 @@ class FakeAdminServer:
         self._cursors = CursorCodec(secret)
         self._latency = _validate_latency(latency)
         self._latency_rng = random.Random(seed)
-        self.inbound_delay = _validate_latency(inbound_delay)
+        self._inbound_delay = _validate_latency(inbound_delay, "inbound_delay")
         self._inbound_rng = random.Random(seed + 1)
         self._picker = FaultPicker(faults)
         self._scripts = ScriptQueue()
@@ -430,6 +431,14 @@ class FakeAdminServer:
     def latency(self, latency: Latency) -> None:
         self._latency = _validate_latency(latency)
 
+    @property
+    def inbound_delay(self) -> Latency:
+        return self._inbound_delay
+
+    @inbound_delay.setter
+    def inbound_delay(self, delay: Latency) -> None:
+        self._inbound_delay = _validate_latency(delay, "inbound_delay")
+
     # --- scripted answers ---------------------------------------------------------------------
 
     def enqueue(
@@ -553,7 +562,7 @@ class FakeAdminServer:
         return self._response(ctx, 200, _OK_PREFIX + data + b"}")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        inbound = self.inbound_delay
+        inbound = self._inbound_delay
         if inbound:
             seconds = self._inbound_rng.uniform(*inbound) if isinstance(inbound, tuple) else inbound
             if seconds > 0:
