@@ -253,7 +253,8 @@ class AdminClient:
         )
         server_limit = parse_server_limit(raw.headers)
         if server_limit is not None:
-            limiter.server_limit(pool, server_limit, retry_after=retry_after is not None)
+            hold = retry_after is None and _retry.waiting_enabled()  # Retry-After rules
+            limiter.server_limit(pool, server_limit, hold=hold)
         if raw.status == 429:
             self._rate_limited(limiter, slot, retry_after, number)
         return parse(request.method, request.path, raw)

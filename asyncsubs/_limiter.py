@@ -270,10 +270,11 @@ class StoreLimiter:
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
         self._pause(p, loop, pause or 0.0, p.slowdown.value(now))
 
-    def server_limit(self, pool: str, limit: ServerLimit, *, retry_after: bool = False) -> None:
+    def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (or any,
         with ``Limits(server_limits="follow")``); hold the pool until the reset when nothing
-        remains, unless a Retry-After already said how long, or pacing by the quota covers it."""
+        remains (unless not ``hold``: a Retry-After said how long), when pacing by the quota
+        does not cover it already."""
         if self.limits.server_limits == "ignore":
             return
         p = self._pool(pool)
@@ -284,11 +285,13 @@ class StoreLimiter:
             new = announced if lower or self.limits.server_limits == "follow" else None
             if new != p.server_rate:
                 p.server_rate = new
-                p.jitter.needed = min(p.jitter.needed, (new or p.rate).n + 1)
+                n = (new or p.rate).n
+                p.jitter.needed = min(p.jitter.needed, n + 1)
+                p.starts = deque(p.starts, maxlen=2 * n + 2)
         if (
             limit.remaining == 0
             and limit.reset
-            and not retry_after
+            and hold
             and loop is not None
             and (p.server_rate is None or limit.reset > p.server_rate.per)
         ):

@@ -754,7 +754,7 @@ async def test_nothing_remaining_holds_the_pool_until_the_reset(clock: VirtualCl
     await slots(sl, "global", 1)
     assert clock.now == pytest.approx(t + 5.0)
     # A Retry-After came with it: that one rules, the reset is not added.
-    sl.server_limit("global", ServerLimit(remaining=0, reset=50.0), retry_after=True)
+    sl.server_limit("global", ServerLimit(remaining=0, reset=50.0), hold=False)
     t = clock.now
     await slots(sl, "global", 1)
     assert clock.now - t < 1.0

@@ -335,7 +335,7 @@ async def test_a_later_higher_quota_lifts_the_lower_one(clock: VirtualClock) -> 
     ids=["x", "ietf"],
 )
 async def test_nothing_remaining_holds_the_pool_until_the_reset(
-    clock: VirtualClock, exhausted: dict[str, str]
+    clock: VirtualClock, exhausted: dict[str, str], waiting: None
 ) -> None:
     transport = Scripted((200, exhausted), (200, {}))
     async with scripted_client(transport) as client:
@@ -343,7 +343,17 @@ async def test_nothing_remaining_holds_the_pool_until_the_reset(
     assert gaps(transport.sends) == pytest.approx([3.0, 0.1 * START])
 
 
-async def test_an_epoch_reset_holds_the_pool_by_the_wall_clock(clock: VirtualClock) -> None:
+async def test_no_waiting_turns_the_hold_off(clock: VirtualClock) -> None:
+    exhausted = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "30"}
+    transport = Scripted((200, exhausted), (200, {}))
+    async with scripted_client(transport) as client:
+        await send(client, 2)
+    assert gaps(transport.sends) == pytest.approx([0.1 * START])
+
+
+async def test_an_epoch_reset_holds_the_pool_by_the_wall_clock(
+    clock: VirtualClock, waiting: None
+) -> None:
     reset = math.ceil(time.time()) + 3
     exhausted = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}
     transport = Scripted((200, exhausted), (200, {}))
