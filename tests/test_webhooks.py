@@ -27,16 +27,15 @@ from asyncsubs import AdminClient, ConfigError, Limits
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.testing._data import iso
 from asyncsubs.webhooks import (
-    DedupeWindow,
     MemoryDeadLetters,
     SQLiteDeadLetters,
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
-    parse_event,
     signature_header_value,
     supersedes,
 )
+from asyncsubs.webhooks._events import DedupeWindow, parse_event
 
 SECRET = "whsec-test-0123456789"
 RESOURCES = ("subscriptions", "customers", "orders")
@@ -526,7 +525,7 @@ async def test_unexpected_errors_are_500_not_exceptions(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("asyncsubs._webhooks_receiver.parse_event", boom)
+    monkeypatch.setattr("asyncsubs.webhooks._receiver.parse_event", boom)
     assert (await post(event_body()))[0] == 500
     assert receiver.stats.errors == 1
 

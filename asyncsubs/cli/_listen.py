@@ -24,11 +24,15 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
-from .._webhooks_config import WebhookConfig
-from .._webhooks_dead import SQLiteDeadLetters
-from .._webhooks_events import WebhookEvent
-from .._webhooks_receiver import Handler, ReceiverStats, WebhookReceiver
 from ..errors import ConfigError
+from ..webhooks import (
+    Handler,
+    ReceiverStats,
+    SQLiteDeadLetters,
+    WebhookConfig,
+    WebhookEvent,
+    WebhookReceiver,
+)
 from ._config_file import StoreConfig
 from ._progress import Tracker
 from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass

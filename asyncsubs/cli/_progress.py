@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 import attrs
 
 from .._limiter import PoolStats
-from .._webhooks_receiver import ReceiverStats
+from ..webhooks import ReceiverStats
 
 if TYPE_CHECKING:
     from .._client import AdminClient

@@ -27,34 +27,14 @@ incremental pulls (a list endpoint filtered on ``updatedAt`` from before the pre
 started); see docs/webhooks.md.
 """
 
-from ._webhooks_config import (
-    DEFAULT_RESOURCE_ALIASES,
-    Encoding,
-    WebhookConfig,
-    decode_signature,
-    sign,
-    signature_header_value,
-    verify,
-)
-from ._webhooks_dead import (
-    DEAD_LETTER_TABLE,
-    DeadLetter,
-    DeadLetterStore,
-    MemoryDeadLetters,
-    SQLiteDeadLetters,
-)
-from ._webhooks_events import DedupeWindow, EventParseError, WebhookEvent, parse_event, supersedes
-from ._webhooks_receiver import DEFAULT_PATH, Handler, ReceiverStats, WebhookReceiver
+from ._config import WebhookConfig, signature_header_value
+from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters, SQLiteDeadLetters
+from ._events import WebhookEvent, supersedes
+from ._receiver import Handler, ReceiverStats, WebhookReceiver
 
 __all__ = [
-    "DEAD_LETTER_TABLE",
-    "DEFAULT_PATH",
-    "DEFAULT_RESOURCE_ALIASES",
     "DeadLetter",
     "DeadLetterStore",
-    "DedupeWindow",
-    "Encoding",
-    "EventParseError",
     "Handler",
     "MemoryDeadLetters",
     "ReceiverStats",
@@ -62,10 +42,6 @@ __all__ = [
     "WebhookConfig",
     "WebhookEvent",
     "WebhookReceiver",
-    "decode_signature",
-    "parse_event",
-    "sign",
     "signature_header_value",
     "supersedes",
-    "verify",
 ]

@@ -19,8 +19,8 @@ from typing import Final, Literal
 
 import attrs
 
-from ._frozen import FrozenMap
-from .errors import ConfigError
+from .._frozen import FrozenMap
+from ..errors import ConfigError
 
 __all__ = [
     "DEFAULT_RESOURCE_ALIASES",

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import orjson
 
-from ._webhooks_config import WebhookConfig
+from ._config import WebhookConfig
 
 __all__ = ["DedupeWindow", "EventParseError", "WebhookEvent", "parse_event", "supersedes"]
 

@@ -14,11 +14,11 @@ import attrs
 import orjson
 from aiohttp import web
 
-from . import _retry
-from ._webhooks_config import WebhookConfig, signed_bytes, timestamp_within, verify
-from ._webhooks_dead import DeadLetter, DeadLetterStore, MemoryDeadLetters
-from ._webhooks_events import DedupeWindow, EventParseError, WebhookEvent, parse_event
-from .errors import ConfigError
+from .. import _retry
+from ..errors import ConfigError
+from ._config import WebhookConfig, signed_bytes, timestamp_within, verify
+from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters
+from ._events import DedupeWindow, EventParseError, WebhookEvent, parse_event
 
 __all__ = ["Handler", "ReceiverStats", "WebhookReceiver"]
 

@@ -15,7 +15,7 @@ from typing import Final, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "DEAD_LETTER_TABLE",
