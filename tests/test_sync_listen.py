@@ -353,7 +353,9 @@ async def test_bad_signatures_are_401_and_nothing_is_applied(tmp_path: Path) -> 
             urls = await engine.listen("127.0.0.1", 0)
             await engine.pull()
             record = {**server.records("acme", "customers")[0], "updatedAt": "2031-01-01T00:00:00Z"}
-            body = orjson.dumps({"id": "e-1", "topic": "customers/update", "data": record})
+            body = orjson.dumps(
+                {"id": "e-1", "topic": "customers/update", "store": "acme", "data": record}
+            )
 
             def signed(secret: str) -> dict[str, str]:
                 return {"X-Service-Signature": signature_header_value(secret, body)}
@@ -403,7 +405,8 @@ async def test_events_that_cannot_be_applied_are_dead_lettered_with_their_store(
             ]
             async with aiohttp.ClientSession() as session:
                 for event_id, topic, data in events:
-                    body = orjson.dumps({"id": event_id, "topic": topic, "data": data})
+                    event = {"id": event_id, "topic": topic, "store": "globex", "data": data}
+                    body = orjson.dumps(event)
                     headers = {
                         "X-Service-Signature": signature_header_value(SECRETS["globex"], body)
                     }
@@ -414,15 +417,18 @@ async def test_events_that_cannot_be_applied_are_dead_lettered_with_their_store(
             assert (hook.applied, hook.ignored, hook.stats().dead_lettered) == (0, 1, 1)
         with contextlib.closing(sqlite3.connect(db)) as conn:
             letters = conn.execute(
-                "SELECT event_id, topic, error FROM webhook_dead_letters"
+                "SELECT event_id, topic, error, store FROM webhook_dead_letters"
             ).fetchall()
+            inbox = conn.execute("SELECT count(*) FROM webhook_inbox").fetchone()[0]
         assert letters == [
             (
                 "e-1",
                 "orders/update",
                 "WebhookApplyError: store globex: DatabaseError: database subs.db: disk I/O error",
+                "globex",
             )
         ]
+        assert inbox == 0  # applied or dead-lettered: nothing left to resume
 
 
 # ---------------------------------------------------------------------------------------------
@@ -593,7 +599,9 @@ async def test_command_applies_webhooks_and_stops_cleanly_on_sigterm(tmp_path: P
         assert "stopped; accepted webhooks were applied" in text
         # The receiver's warning is one progress line, not a bare log record.
         assert re.search(
-            r"^\[\s*[\d.]+s\] warning: webhook delivery refused: missing or", text, re.M
+            r"^\[\s*[\d.]+s\] warning: webhook delivery for store acme refused: missing or",
+            text,
+            re.M,
         )
         assert re.search(r"^webhooks\n", out.decode(), re.M)
         assert re.search(r"^acme\s+\d+\s+0\s+\d+", out.decode(), re.M)

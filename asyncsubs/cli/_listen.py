@@ -1,10 +1,15 @@
 """``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
 
 One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
-its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker). Events are written
-on the SyncDB's one writer thread, the same as pulls, so the two never interleave inside a
-transaction; the upsert's newer-or-equal rule and the deleted-ids table make their order
-irrelevant.
+its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker) bound to its store,
+behind one listener's timeouts and caps. A delivery is answered 200 only once it is in the
+database's ``webhook_inbox``; it is removed when applied or dead-lettered, and a restart applies
+what is left, so nothing acknowledged is lost to a crash. Dead letters of earlier runs are
+requeued on start while they have had fewer than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+
+Events are written on the SyncDB's one writer thread, the same as pulls, so the two never
+interleave inside a transaction; the upsert's newer-or-equal rule and the deleted-ids table make
+their order irrelevant.
 
 Webhooks can be lost, so after the initial sync every ``reconcile_every`` seconds an incremental
 pull of every (store, resource) fetches what changed since before the previous pull began, and
@@ -27,12 +32,15 @@ from aiohttp import web
 from ..errors import ConfigError
 from ..webhooks import (
     Handler,
+    ListenerLimits,
     ReceiverStats,
     SQLiteDeadLetters,
+    SQLiteInbox,
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
 )
+from ..webhooks._listener import Listener
 from ._config_file import StoreConfig
 from ._progress import Tracker
 from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass
@@ -47,6 +55,10 @@ __all__ = [
 
 DEFAULT_RECONCILE_EVERY: Final = 300.0
 WEBHOOK_ROUTE: Final = "/webhooks/{store}"
+#: Dead letters are requeued on start until they have had this many handler attempts in all
+#: (three rounds of ``max_handler_attempts``): a cause fixed in between (a locked or full
+#: disk) is recovered by a restart, a poison event is not retried for ever.
+REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 
 
 class WebhookApplyError(Exception):
@@ -95,21 +107,24 @@ class ListenSync:
         tracker: Tracker,
         *,
         max_stores: int = DEFAULT_MAX_STORES,
+        limits: ListenerLimits | None = None,
     ) -> None:
         self.configs = list(configs)
         self.db_path = db_path
         self.tracker = tracker
         self.max_stores = max_stores
         self.db = SyncDB(db_path)
-        # Its own connection: a dead letter must not join (or wait for) a sync transaction.
-        # One table for all stores; the error column names the store (WebhookApplyError).
+        # Their own connections: acknowledging a delivery must not wait for a page's
+        # transaction on the writer thread. One table each for all stores, keyed by store.
+        self.inbox = SQLiteInbox(db_path)
         self.dead_letters = SQLiteDeadLetters(db_path)
+        self.limits = limits
         self.receivers: dict[str, WebhookReceiver] = {}
         #: Store -> the URL its webhooks are served at, once listening.
         self.urls: dict[str, str] = {}
         #: Pulls of every store done so far (the initial sync is the first).
         self.passes = 0
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
 
     async def __aenter__(self) -> ListenSync:
         try:
@@ -132,10 +147,15 @@ class ListenSync:
             for resource in config.resources:
                 self.tracker.add(config.store, resource)
         await self.db.open()
+        # Both tables exist from the start, so monitoring queries work before the first event.
+        await self.inbox.open()
+        await self.dead_letters.open()
         for config in self.configs:
             receiver = WebhookReceiver(
                 WebhookConfig(config.webhook_secret),
                 self._handler(config),
+                store=config.store,
+                inbox=self.inbox,
                 dead_letters=self.dead_letters,
             )
             self.receivers[config.store] = receiver
@@ -148,8 +168,8 @@ class ListenSync:
         db = self.db
 
         async def apply(event: WebhookEvent) -> None:
-            # The store is the one whose URL (and secret) the delivery came through; the body's
-            # "store" is the sender's naming and is not trusted.
+            # The store is the one whose URL (and secret) the delivery came through; the
+            # receiver has checked that the signed body names the same store.
             if event.resource not in resources:
                 hook.ignored += 1  # also keeps unknown resources out of the SQL
                 return
@@ -173,23 +193,24 @@ class ListenSync:
         return apply
 
     async def listen(self, host: str, port: int) -> dict[str, str]:
-        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``; returns the
-        URLs. A port that cannot be bound is a ConfigError."""
+        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``, resume what
+        the inbox kept and requeue dead letters; returns the URLs. A port that cannot be bound
+        is a ConfigError."""
         app = web.Application()
         app.router.add_post(WEBHOOK_ROUTE, self._dispatch)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-        await runner.setup()
+        listener = Listener(app, self.limits or ListenerLimits())
         try:
-            await web.TCPSite(runner, host, port).start()
+            _, bound_port = await listener.start(host, port)
         except OSError as exc:
-            await runner.cleanup()
             raise ConfigError(
                 f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
             ) from None
-        self._runner = runner
-        for receiver in self.receivers.values():
+        self._listener = listener
+        for store, receiver in self.receivers.items():
             await receiver.start()
-        bound_port = runner.addresses[0][1]
+            requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
+            if requeued:
+                self.tracker.message(f"webhooks of store {store}: {requeued} dead letters requeued")
         shown = f"[{host}]" if ":" in host else host
         for store in self.receivers:
             url = f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
@@ -219,17 +240,19 @@ class ListenSync:
         await asyncio.gather(*(r.join() for r in self.receivers.values()))
 
     async def close(self) -> None:
-        runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
         try:
-            if runner is not None:
+            if listener is not None:
                 # Answers the deliveries in progress, then refuses connections.
-                await runner.cleanup()
+                await listener.close()
         finally:
             try:
-                # Each finishes its queue into the still-open database, or dead-letters it.
+                # Each finishes its queue into the still-open database; what is left stays in
+                # the inbox for the next start.
                 await asyncio.gather(*(r.close() for r in self.receivers.values()))
             finally:
                 try:
+                    await self.inbox.close()
                     await self.dead_letters.close()
                 finally:
                     await self.db.close()
