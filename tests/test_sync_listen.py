@@ -17,7 +17,7 @@ import signal
 import socket
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -596,7 +596,7 @@ async def test_command_applies_webhooks_and_stops_cleanly_on_sigterm(tmp_path: P
         assert proc.returncode == 143, err.decode()
         text = "".join(err_lines) + err.decode()
         assert "Traceback" not in text
-        assert "stopped; accepted webhooks were applied" in text
+        assert "stopped; accepted webhooks not applied yet are kept in webhook_inbox" in text
         # The receiver's warning is one progress line, not a bare log record.
         assert re.search(
             r"^\[\s*[\d.]+s\] warning: webhook delivery for store acme refused: missing or",
@@ -685,3 +685,82 @@ async def test_sigkill_after_acknowledging_loses_no_update_and_no_delete(tmp_pat
         assert_exact(db, server)
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone()[0] == 0
+
+
+async def test_dead_letters_are_requeued_on_start_and_by_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A database failure dead-letters events; the next start requeues them (while they have
+    had fewer than REQUEUE_BELOW_ATTEMPTS attempts); ``asyncsubs dead-letters`` lists them and
+    ``--requeue`` hands the rest back to the inbox."""
+    db = tmp_path / "subs.db"
+    record = {"id": 7, "updatedAt": "2031-01-01T00:00:00Z"}
+
+    async def broken(*args: Any) -> bool:
+        raise DatabaseError("database subs.db: database is locked")
+
+    async def post_updates(url: str, ids: Sequence[str]) -> None:
+        async with aiohttp.ClientSession() as session:
+            for event_id in ids:
+                event = {"id": event_id, "topic": "orders/update", "store": "acme"}
+                body = orjson.dumps({**event, "data": record})
+                sig = {"X-Service-Signature": signature_header_value(SECRETS["acme"], body)}
+                async with session.post(url, data=body, headers=sig) as resp:
+                    assert resp.status == 200
+
+    async def failing_run(ids: Sequence[str]) -> None:
+        async with ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine:
+            monkeypatch.setattr(engine.db, "upsert_record", broken)
+            urls = await engine.listen("127.0.0.1", 0)
+            await post_updates(urls["acme"], ids)
+            await engine.join()
+            monkeypatch.undo()
+
+    async with fake_server(seed=13) as server:
+        await failing_run(["d-1"])  # 5 attempts
+        # The command runs its own event loop: in a thread, beside this test's.
+        assert await asyncio.to_thread(main, ["dead-letters", "--db", str(db)]) == 0
+        listed = capsys.readouterr().out
+        assert re.search(r"^acme\s+d-1\s+orders/update\s+5\s", listed, re.M), listed
+
+        # Still failing at the next two starts: 10, then 15 attempts; then no more on start.
+        for _ in range(2):
+            async with ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine:
+                monkeypatch.setattr(engine.db, "upsert_record", broken)
+                await engine.listen("127.0.0.1", 0)
+                await engine.join()
+                monkeypatch.undo()
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("SELECT attempts FROM webhook_dead_letters").fetchall() == [(15,)]
+        tracker = Tracker()
+        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+            await engine.listen("127.0.0.1", 0)
+            await engine.join()
+            assert tracker.webhooks["acme"].applied == 0  # the bound: not requeued on start
+
+        # By hand, whatever the attempts: back to the inbox, applied at the next start.
+        assert await asyncio.to_thread(main, ["dead-letters", "--db", str(db), "--requeue"]) == 0
+        assert "1 moved to webhook_inbox" in capsys.readouterr().out
+        tracker = Tracker()
+        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+            await engine.listen("127.0.0.1", 0)
+            await engine.join()
+            assert tracker.webhooks["acme"].applied == 1
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
+            assert conn.execute(
+                "SELECT updated_at FROM orders WHERE store = 'acme' AND id = '7'"
+            ).fetchone() == ("2031-01-01T00:00:00Z",)
+
+
+async def test_the_webhook_tables_exist_before_the_first_event(tmp_path: Path) -> None:
+    db = tmp_path / "subs.db"
+    async with (
+        fake_server(seed=14) as server,
+        ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine,
+    ):
+        await engine.listen("127.0.0.1", 0)
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            for name in ("webhook_dead_letters", "webhook_inbox"):
+                assert conn.execute(f"SELECT count(*) FROM {name}").fetchone() == (0,)

@@ -343,3 +343,29 @@ def test_listener_limits_are_checked() -> None:
     for bad in ({"read_timeout": 0}, {"max_connections": 1.5}, {"idle_timeout": float("inf")}):
         with pytest.raises(ConfigError):
             ListenerLimits(**bad)  # type: ignore[arg-type]
+
+
+async def test_a_dead_letter_that_cannot_be_saved_stays_in_the_inbox(tmp_path: Path) -> None:
+    class Broken(SQLiteDeadLetters):
+        async def add(self, letter: object) -> None:
+            raise sqlite3.OperationalError("database is locked")
+
+    async def failing(event: WebhookEvent) -> None:
+        raise RuntimeError("cannot apply")
+
+    inbox = SQLiteInbox(tmp_path / "hooks.db")
+    dead = Broken(tmp_path / "hooks.db")
+    config = WebhookConfig(SECRET, max_handler_attempts=1)
+    receiver = WebhookReceiver(config, failing, inbox=inbox, dead_letters=dead)
+    async with receiver:
+        url = await receiver.listen()
+        async with aiohttp.ClientSession() as session:
+            body = body_of("kept")
+            async with session.post(url, data=body, headers=signed(body)) as resp:
+                assert resp.status == 200
+        await receiver.join()
+    stats = receiver.stats
+    assert (stats.dead_lettered, stats.unsaved, stats.unfinished) == (0, 0, 1)
+    assert [e.event_id for e in await inbox.pending("")] == ["kept"]  # not lost
+    await inbox.close()
+    await dead.close()

@@ -19,11 +19,15 @@ its row in place.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import sys
+import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import IO, Any, Final
 from urllib.parse import quote
 
 import orjson
@@ -31,7 +35,9 @@ from aiohttp import web
 
 from ..errors import ConfigError
 from ..webhooks import (
+    DeadLetter,
     Handler,
+    InboxEntry,
     ListenerLimits,
     ReceiverStats,
     SQLiteDeadLetters,
@@ -41,14 +47,16 @@ from ..webhooks import (
     WebhookReceiver,
 )
 from ..webhooks._listener import Listener
-from ._config_file import StoreConfig
-from ._progress import Tracker
+from ._config_file import StoreConfig, parse_db_url
+from ._progress import Tracker, print_table
 from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass
 
 __all__ = [
     "DEFAULT_RECONCILE_EVERY",
     "ListenSync",
     "WebhookApplyError",
+    "add_dead_letters_parser",
+    "dead_letters",
     "parse_listen",
     "run_listen",
 ]
@@ -62,8 +70,8 @@ REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 
 
 class WebhookApplyError(Exception):
-    """Applying an event failed; the message names the store, because the dead-letter table is
-    shared by all stores and a dead letter's body carries only the sender's claim of one."""
+    """Applying an event failed; the message names the store, as the dead-letter table is
+    shared by all stores."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -292,3 +300,83 @@ async def run_listen(
                 + f"; next reconciliation in {delay:.0f}s"
             )
             await asyncio.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncsubs dead-letters
+
+
+def add_dead_letters_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dead-letters",
+        help="list (or requeue) the webhook events sync --listen could not apply",
+        description=(
+            "List the dead letters of a sync database: webhook events that sync --listen "
+            "accepted but could not apply. sync --listen requeues them itself on start while "
+            f"they have had fewer than {REQUEUE_BELOW_ATTEMPTS} attempts; --requeue moves them "
+            "(all, or those of --store) back to the inbox, whatever their attempts, for the "
+            "next start of sync --listen to apply (restart a running one)."
+        ),
+    )
+    parser.add_argument("--db", required=True, metavar="URL", help="sqlite:///path.db")
+    parser.add_argument(
+        "--store", action="append", metavar="ID", help="only this store's (repeatable)"
+    )
+    parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    parser.set_defaults(handler=cmd_dead_letters, debug=False)
+
+
+async def dead_letters(
+    db_path: Path, *, stores: Sequence[str] | None = None, requeue: bool = False
+) -> tuple[list[DeadLetter], int]:
+    """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
+    with ``requeue`` (letters without a store, from before they named one, stay)."""
+    dead = SQLiteDeadLetters(db_path)
+    inbox = SQLiteInbox(db_path)
+    try:
+        letters = [x for x in await dead.all() if stores is None or x.store in stores]
+        moved = 0
+        if requeue:
+            for letter in letters:
+                if letter.store is None:
+                    continue
+                # Attempts start over: requeueing by hand says the cause is fixed.
+                await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+                await dead.remove(letter.event_id)
+                moved += 1
+        return letters, moved
+    finally:
+        await inbox.close()
+        await dead.close()
+
+
+def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:
+    stream = stream or sys.stdout
+    db_path = parse_db_url(args.db)
+    if not db_path.is_file():
+        raise ConfigError(f"--db: {db_path} does not exist")
+    letters, moved = asyncio.run(dead_letters(db_path, stores=args.store, requeue=args.requeue))
+    rows = [
+        [
+            letter.store or "",
+            letter.event_id,
+            letter.topic or "",
+            str(letter.attempts),
+            datetime.fromtimestamp(letter.failed_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            letter.error,
+        ]
+        for letter in letters
+    ]
+    footer = [f"{len(letters)} dead letters in {db_path} (table webhook_dead_letters)"]
+    if args.requeue:
+        footer.append(
+            f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
+        )
+    print_table(
+        "webhook dead letters",
+        ["store", "event", "topic", "attempts", "failed at (UTC)", "error"],
+        rows,
+        stream=stream,
+        footer=footer,
+    )
+    return 0

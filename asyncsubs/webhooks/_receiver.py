@@ -38,8 +38,10 @@ class ReceiverStats:
     exactly one of accepted, duplicates, unauthorized (bad signature or timestamp: 401; signed
     for another store: 403), bad_request, too_large, unavailable (queue or body budget full,
     inbox not writable, or closing), disconnected (the client went away mid-body) or errors
-    (unexpected, answered 500). ``unsaved`` counts dead letters kept only in memory because
-    the dead-letter store failed (lost if the process ends)."""
+    (unexpected, answered 500). ``resumed`` counts events queued from the inbox on start or
+    requeued from the dead letters; ``unsaved`` dead letters kept only in memory because the
+    dead-letter store failed (lost if the process ends). Accepted or resumed, and neither
+    handled nor dead-lettered: still to do (kept in the inbox, if there is one)."""
 
     received: int = 0
     accepted: int = 0
@@ -53,7 +55,13 @@ class ReceiverStats:
     handled: int = 0
     failed_attempts: int = 0
     dead_lettered: int = 0
+    resumed: int = 0
     unsaved: int = 0
+
+    @property
+    def unfinished(self) -> int:
+        """Accepted or resumed events neither handled nor dead-lettered (yet)."""
+        return self.accepted + self.resumed - self.handled - self.dead_lettered
 
 
 @attrs.frozen
@@ -202,6 +210,7 @@ class WebhookReceiver:
             self._resumed = True
         for entry in entries:
             self._seen.add(entry.event_id)
+            self._stats.resumed += 1
             try:
                 event = parse_event(self.config, entry.body, received_at=entry.received_at)
             except EventParseError as exc:
@@ -606,5 +615,6 @@ class WebhookReceiver:
             if queue:
                 self._ensure_workers()
                 self._queue.put_nowait(_Item(event, letter.body, letter.attempts))
+                self._stats.resumed += 1
                 count += 1
         return count
