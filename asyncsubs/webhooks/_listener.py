@@ -24,6 +24,7 @@ from ..errors import ConfigError
 
 __all__ = ["ListenerLimits", "Listener", "body_budget"]
 
+_READ_BUFSIZE: Final = 64 * 1024
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
@@ -174,7 +175,12 @@ class Listener:
         self.refused = 0
         self.timed_out = 0
         self._runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=5.0, keepalive_timeout=limits.idle_timeout
+            app,
+            access_log=None,
+            shutdown_timeout=5.0,
+            keepalive_timeout=limits.idle_timeout,
+            # aiohttp buffers up to about twice this per connection ahead of the handler.
+            read_bufsize=_READ_BUFSIZE,
         )
         self._server: asyncio.Server | None = None
 
