@@ -14,29 +14,20 @@ bounded by ``max_buffered_bytes`` whatever the number of connections.
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Final, cast
 
 import attrs
 from aiohttp import web
 
-from ..errors import ConfigError
+from ._config import _positive
 
-__all__ = ["ListenerLimits", "Listener", "body_budget"]
+__all__ = ["BodyBudget", "Listener", "ListenerLimits", "guarded"]
 
 _READ_BUFSIZE: Final = 64 * 1024
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
 )
-
-
-def _positive(name: str, value: object, *, integer: bool = False) -> None:
-    kinds = int if integer else int | float
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a positive {'int' if integer else 'number'}")
-    if value <= 0:
-        raise ConfigError(f"{name} must be a positive {'int' if integer else 'number'}")
 
 
 @attrs.frozen
@@ -159,11 +150,6 @@ def guarded(request: web.BaseRequest) -> _GuardedConnection | None:
     return protocol if isinstance(protocol, _GuardedConnection) else None
 
 
-def body_budget(request: web.BaseRequest) -> BodyBudget | None:
-    connection = guarded(request)
-    return None if connection is None else connection.budget
-
-
 class Listener:
     """An aiohttp application served on ``host:port`` under ``ListenerLimits``."""
 
@@ -194,9 +180,7 @@ class Listener:
         await self._runner.setup()
         try:
             loop = asyncio.get_running_loop()
-            self._server = await loop.create_server(
-                lambda: _GuardedConnection(self), host, port, reuse_address=True
-            )
+            self._server = await loop.create_server(lambda: _GuardedConnection(self), host, port)
         except BaseException:
             await self._runner.cleanup()
             raise
