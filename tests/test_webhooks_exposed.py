@@ -369,3 +369,35 @@ async def test_a_dead_letter_that_cannot_be_saved_stays_in_the_inbox(tmp_path: P
     assert [e.event_id for e in await inbox.pending("")] == ["kept"]  # not lost
     await inbox.close()
     await dead.close()
+
+
+async def test_concurrent_inbox_writes_share_commits_and_fail_together(tmp_path: Path) -> None:
+    class Counting(SQLiteInbox):
+        transactions = 0
+
+        def _write_all(self, statements: list[tuple[str, tuple[object, ...]]]) -> list[int]:
+            self.transactions += 1
+            return super()._write_all(statements)
+
+    inbox = Counting(tmp_path / "hooks.db")
+    entries = [InboxEntry("acme", f"e{i}", b"{}", 0.0) for i in range(50)]
+    assert await asyncio.gather(*(inbox.add(e) for e in entries)) == [True] * 50
+    assert inbox.transactions < 10  # one for the first, then the rest together
+    assert await inbox.add(entries[0]) is False  # already kept
+    assert len(await inbox.pending("acme")) == 50
+
+    # One transaction: when it fails, no write of it is kept and every caller hears of it.
+    with sqlite3.connect(tmp_path / "hooks.db") as conn:
+        conn.execute(
+            "CREATE TRIGGER no_x BEFORE INSERT ON webhook_inbox WHEN NEW.event_id = 'x'"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    results = await asyncio.gather(
+        inbox.add(InboxEntry("acme", "y", b"{}", 0.0)),
+        inbox.add(InboxEntry("acme", "x", b"{}", 0.0)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, sqlite3.IntegrityError) for r in results), results
+    assert "y" not in {e.event_id for e in await inbox.pending("acme")}
+    assert await inbox.add(InboxEntry("acme", "y", b"{}", 0.0)) is True  # alone, it is fine
+    await inbox.close()

@@ -149,8 +149,7 @@ class SQLiteDeadLetters(SQLiteTable):
         ]
 
     async def add(self, letter: DeadLetter) -> None:
-        await self._run(
-            self._write,
+        await self._write(
             f"INSERT INTO {self.table}"
             " (event_id, topic, body, error, attempts, failed_at, store)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -169,6 +168,4 @@ class SQLiteDeadLetters(SQLiteTable):
         return await self._run(self._all)
 
     async def remove(self, event_id: str) -> int:
-        return await self._run(
-            self._write, f"DELETE FROM {self.table} WHERE event_id = ?", (event_id,)
-        )
+        return await self._write(f"DELETE FROM {self.table} WHERE event_id = ?", (event_id,))

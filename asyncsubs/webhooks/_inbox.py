@@ -88,8 +88,7 @@ class SQLiteInbox(SQLiteTable):
         )
 
     async def add(self, entry: InboxEntry) -> bool:
-        added = await self._run(
-            self._write,
+        added = await self._write(
             f"INSERT INTO {self.table} (store, event_id, body, received_at, attempts)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (entry.store, entry.event_id, entry.body, _iso(entry.received_at), entry.attempts),
@@ -117,8 +116,7 @@ class SQLiteInbox(SQLiteTable):
         return await self._run(self._pending, store)
 
     async def remove(self, store: str, event_id: str) -> None:
-        await self._run(
-            self._write,
+        await self._write(
             f"DELETE FROM {self.table} WHERE store = ? AND event_id = ?",
             (store, event_id),
         )
