@@ -4,7 +4,7 @@ cap on the bytes of bodies being read.
 aiohttp's server has an idle (keep-alive) timeout but no deadline for a request's headers or
 body, and no cap on connections: a client sending one byte a second, or thousands of clients
 each holding a connection, would hold memory and sockets for as long as they like. Each
-connection here goes through ``_GuardedConnection``, a thin protocol in front of aiohttp's, that
+connection here goes through ``GuardedConnection``, a thin protocol in front of aiohttp's, that
 closes the connection when a request is not read in full within ``read_timeout`` seconds and
 refuses connections beyond ``max_connections``. The receiver reserves each body's bytes from
 the listener's shared budget while it reads them (``BodyBudget``), so the memory bodies take is
@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ._config import _positive
 
-__all__ = ["BodyBudget", "Listener", "ListenerLimits", "guarded"]
+__all__ = ["BodyBudget", "GuardedConnection", "Listener", "ListenerLimits", "guarded"]
 
 _READ_BUFSIZE: Final = 64 * 1024
 _REFUSED: Final = (
@@ -71,7 +71,7 @@ class BodyBudget:
         self.used -= size
 
 
-class _GuardedConnection(asyncio.Protocol):
+class GuardedConnection(asyncio.Protocol):
     """aiohttp's protocol for one connection, behind a deadline and the connection count."""
 
     def __init__(self, listener: Listener) -> None:
@@ -143,11 +143,11 @@ class _GuardedConnection(asyncio.Protocol):
             inner.connection_lost(exc)
 
 
-def guarded(request: web.BaseRequest) -> _GuardedConnection | None:
+def guarded(request: web.BaseRequest) -> GuardedConnection | None:
     """The guard of the request's connection, when it came through a ``Listener``."""
     transport = request.transport
     protocol = None if transport is None else transport.get_protocol()
-    return protocol if isinstance(protocol, _GuardedConnection) else None
+    return protocol if isinstance(protocol, GuardedConnection) else None
 
 
 class Listener:
@@ -180,7 +180,7 @@ class Listener:
         await self._runner.setup()
         try:
             loop = asyncio.get_running_loop()
-            self._server = await loop.create_server(lambda: _GuardedConnection(self), host, port)
+            self._server = await loop.create_server(lambda: GuardedConnection(self), host, port)
         except BaseException:
             await self._runner.cleanup()
             raise

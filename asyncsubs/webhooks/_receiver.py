@@ -20,7 +20,7 @@ from ._config import WebhookConfig, signed_bytes, timestamp_within, verify
 from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters
 from ._events import DedupeWindow, EventParseError, WebhookEvent, parse_event
 from ._inbox import Inbox, InboxEntry
-from ._listener import BodyBudget, Listener, ListenerLimits, guarded
+from ._listener import BodyBudget, GuardedConnection, Listener, ListenerLimits, guarded
 
 __all__ = ["Handler", "ReceiverStats", "WebhookReceiver"]
 
@@ -341,7 +341,7 @@ class WebhookReceiver:
         self._stats.received += 1
         connection = guarded(request)
         try:
-            return await self._receive(request, None if connection is None else connection.budget)
+            return await self._receive(request, connection)
         except ConnectionResetError:
             # The client went away (or was cut off by the read timeout): nothing to answer,
             # and not worth more than a debug line (a flood of them must not flood the log).
@@ -379,7 +379,9 @@ class WebhookReceiver:
     def _busy(self, state: str) -> web.Response:
         return _answer(503, state, {"Retry-After": str(self.config.retry_after)})
 
-    async def _receive(self, request: web.Request, budget: BodyBudget | None) -> web.Response:
+    async def _receive(
+        self, request: web.Request, connection: GuardedConnection | None
+    ) -> web.Response:
         config = self.config
         if not self._accepting:
             self._stats.unavailable += 1
@@ -388,7 +390,7 @@ class WebhookReceiver:
             await self.start()
         self._ensure_workers()
         try:
-            body = await self._read(request, budget)
+            body = await self._read(request, None if connection is None else connection.budget)
         except _Refused as refused:
             if refused.response.status == 413:
                 self._stats.too_large += 1
@@ -396,9 +398,8 @@ class WebhookReceiver:
                 self._stats.unavailable += 1
             log.warning("webhook delivery%s refused: %s", self._for, refused.reason)
             return refused.response
-        connection = guarded(request)
         if connection is not None:
-            connection.request_read()
+            connection.request_read()  # read in full: no deadline while it is answered
 
         timestamp = None
         if config.timestamp_header is not None:
