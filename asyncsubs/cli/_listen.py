@@ -38,6 +38,7 @@ from ..webhooks import (
     DeadLetter,
     Handler,
     InboxEntry,
+    Listener,
     ListenerLimits,
     ReceiverStats,
     SQLiteDeadLetters,
@@ -46,7 +47,6 @@ from ..webhooks import (
     WebhookEvent,
     WebhookReceiver,
 )
-from ..webhooks._listener import Listener
 from ._config_file import StoreConfig, parse_db_url
 from ._progress import Tracker, print_table
 from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass

@@ -34,7 +34,7 @@ from ._config import WebhookConfig, signature_header_value
 from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters, SQLiteDeadLetters
 from ._events import WebhookEvent, supersedes
 from ._inbox import Inbox, InboxEntry, SQLiteInbox
-from ._listener import ListenerLimits
+from ._listener import Listener, ListenerLimits
 from ._receiver import Handler, ReceiverStats, WebhookReceiver
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Handler",
     "Inbox",
     "InboxEntry",
+    "Listener",
     "ListenerLimits",
     "MemoryDeadLetters",
     "ReceiverStats",

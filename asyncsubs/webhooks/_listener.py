@@ -151,7 +151,15 @@ def guarded(request: web.BaseRequest) -> GuardedConnection | None:
 
 
 class Listener:
-    """An aiohttp application served on ``host:port`` under ``ListenerLimits``."""
+    """An aiohttp application served on ``host:port`` under ``ListenerLimits``: what
+    ``WebhookReceiver.listen`` uses, for serving several receivers (``receiver.attach(app,
+    path)``) on one port::
+
+        listener = Listener(app, ListenerLimits())
+        host, port = await listener.start("0.0.0.0", 8080)   # runs the app's on_startup
+        ...
+        await listener.close()                              # and its on_cleanup
+    """
 
     def __init__(self, app: web.Application, limits: ListenerLimits) -> None:
         self.limits = limits
