@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import orjson
 import pytest
 
@@ -764,3 +765,36 @@ async def test_the_webhook_tables_exist_before_the_first_event(tmp_path: Path) -
         with contextlib.closing(sqlite3.connect(db)) as conn:
             for name in ("webhook_dead_letters", "webhook_inbox"):
                 assert conn.execute(f"SELECT count(*) FROM {name}").fetchone() == (0,)
+
+
+async def test_one_secret_for_all_stores_cannot_move_a_delivery_to_another_store(
+    tmp_path: Path,
+) -> None:
+    """A genuine globex delete re-posted to acme's URL (same secret) is refused: the acme
+    record with that id stays, and is not tombstoned."""
+    db = tmp_path / "subs.db"
+    shared = "one-secret-for-all"
+    async with fake_server(seed=15) as server:
+        configs = [attrs.evolve(c, webhook_secret=shared) for c in listen_configs(tmp_path, server)]
+        async with ListenSync(configs, db, Tracker()) as engine:
+            urls = await engine.listen("127.0.0.1", 0)
+            await engine.pull()
+            victim = server.records("acme", "subscriptions")[0]
+            body = orjson.dumps(
+                {"id": "g-1", "topic": "subscriptions/delete", "store": "globex", "data": victim}
+            )
+            sig = {"X-Service-Signature": signature_header_value(shared, body)}
+            async with aiohttp.ClientSession() as session:
+                async with session.post(urls["acme"], data=body, headers=sig) as resp:
+                    assert resp.status == 403
+                # At its own store's URL the same delivery is accepted (and deletes nothing
+                # there: globex has no such subscription).
+                async with session.post(urls["globex"], data=body, headers=sig) as resp:
+                    assert resp.status == 200
+            await engine.join()
+        assert_exact(db, server)
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            tombstones = conn.execute(
+                "SELECT store FROM asyncsubs_deleted WHERE id = ?", (str(victim["id"]),)
+            ).fetchall()
+        assert ("acme",) not in tombstones

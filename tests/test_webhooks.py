@@ -261,14 +261,21 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
 async def test_unparseable_bodies_are_400_after_the_signature_check(started: Start) -> None:
     handler = Recorder()
     receiver, post = await started(handler)
-    for body in (b"{not json", b"[1, 2]", b'"text"', b"", orjson.dumps({"id": "no-topic"})):
+    for body in (
+        b"{not json",
+        b"[1, 2]",
+        b'"text"',
+        b"",
+        orjson.dumps({"id": "no-topic"}),
+        orjson.dumps({"id": "number-topic", "topic": 5}),
+    ):
         status, answer = await post(body)
         assert (status, answer) == (400, {"status": "bad request"}), body
     # Signature first: an unsigned bad body says nothing about parsing.
     assert (await post(b"{not json", signature=None))[0] == 401
     await receiver.join()
     assert handler.calls == 0
-    assert receiver.stats.bad_request == 5
+    assert receiver.stats.bad_request == 6
 
 
 async def test_oversized_bodies_are_refused_with_or_without_a_length(
