@@ -536,8 +536,8 @@ def first_sync_429s(tmp_path: Path, stores: int) -> int:
 
 
 @pytest.mark.xfail(
-    reason="issue 15 item 6: the rate limiter rewrite is to make a cold server's first sync "
-    "429-free; strict once it lands",
+    reason="a just-started fake server stamps the first pages of 60 heavy pools up to a second"
+    " late; the heavy pools have no light requests to calibrate on (13 of 60 pools drew a 429)",
     strict=False,
 )
 def test_first_sync_of_a_fresh_fake_server_draws_no_429s(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from asyncsubs.testing import (
     WebhookSender,
 )
 from asyncsubs.testing._data import iso
-from asyncsubs.webhooks import WebhookConfig, verify
+from asyncsubs.webhooks import WebhookConfig
+from asyncsubs.webhooks._config import verify
 
 RESOURCES = ("subscriptions", "customers", "orders")
 SECRET = "fake-webhook-secret"

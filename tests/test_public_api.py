@@ -89,3 +89,13 @@ def test_config_objects_pickle_and_hash() -> None:
         copy = pickle.loads(pickle.dumps(obj))
         assert copy == obj
         assert hash(copy) == hash(obj)
+
+
+def test_webhooks_namespace_is_explicit_and_sorted() -> None:
+    from asyncsubs import webhooks
+
+    assert webhooks.__all__ == sorted(webhooks.__all__)
+    # Everything else lives in the package's private modules. (pytest's assertion rewriting
+    # adds "@py_..." globals to the package it loads its plugin from.)
+    public = {name for name in vars(webhooks) if name.isidentifier() and name[0] != "_"}
+    assert public == set(webhooks.__all__)

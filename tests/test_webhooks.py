@@ -27,16 +27,15 @@ from asyncsubs import AdminClient, ConfigError, Limits
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.testing._data import iso
 from asyncsubs.webhooks import (
-    DedupeWindow,
     MemoryDeadLetters,
     SQLiteDeadLetters,
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
-    parse_event,
     signature_header_value,
     supersedes,
 )
+from asyncsubs.webhooks._events import DedupeWindow, parse_event
 
 SECRET = "whsec-test-0123456789"
 RESOURCES = ("subscriptions", "customers", "orders")
@@ -104,10 +103,11 @@ async def started(session: aiohttp.ClientSession) -> AsyncIterator[Start]:
     async def start(
         handler: Callable[[WebhookEvent], Awaitable[None]] | None = None, **options: Any
     ) -> tuple[WebhookReceiver, Post]:
-        dead_letters = options.pop("dead_letters", None)
+        bindings = {k: options.pop(k) for k in ("dead_letters", "inbox", "store") if k in options}
+        limits = options.pop("limits", None)
         config = WebhookConfig(options.pop("secret", SECRET), **options)
-        receiver = WebhookReceiver(config, handler or Recorder(), dead_letters=dead_letters)
-        url = await receiver.listen("127.0.0.1", 0)
+        receiver = WebhookReceiver(config, handler or Recorder(), **bindings)
+        url = await receiver.listen("127.0.0.1", 0, limits=limits)
         receivers.append(receiver)
 
         async def post(
@@ -222,7 +222,7 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
     session: aiohttp.ClientSession,
 ) -> None:
     now = 1_800_000_000.0
-    config = WebhookConfig(SECRET, timestamp_header="X-Service-Timestamp", sign_timestamp=True)
+    config = WebhookConfig(SECRET, timestamp_header="X-Service-Timestamp")
     handler = Recorder()
     receiver = WebhookReceiver(config, handler, clock=lambda: now)
     url = await receiver.listen()
@@ -244,6 +244,9 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
         assert await post(event_body("c"), stale, stale) == 401  # outside the tolerance
         assert await post(event_body("d"), fresh, str(int(now))) == 401  # not what was signed
         assert await post(event_body("e"), fresh, None) == 401  # body alone is not enough
+        # A captured delivery re-sent an hour later with a fresh (unsigned) stamp: refused.
+        old = str(int(now - 3600))
+        assert await post(event_body("g"), fresh, old) == 401
         iso_stamp = "2027-01-15T08:00:00+00:00"  # == now, as ISO-8601
         assert await post(event_body("f"), iso_stamp, iso_stamp) == 200
         await receiver.join()
@@ -258,14 +261,21 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
 async def test_unparseable_bodies_are_400_after_the_signature_check(started: Start) -> None:
     handler = Recorder()
     receiver, post = await started(handler)
-    for body in (b"{not json", b"[1, 2]", b'"text"', b"", orjson.dumps({"id": "no-topic"})):
+    for body in (
+        b"{not json",
+        b"[1, 2]",
+        b'"text"',
+        b"",
+        orjson.dumps({"id": "no-topic"}),
+        orjson.dumps({"id": "number-topic", "topic": 5}),
+    ):
         status, answer = await post(body)
         assert (status, answer) == (400, {"status": "bad request"}), body
     # Signature first: an unsigned bad body says nothing about parsing.
     assert (await post(b"{not json", signature=None))[0] == 401
     await receiver.join()
     assert handler.calls == 0
-    assert receiver.stats.bad_request == 5
+    assert receiver.stats.bad_request == 6
 
 
 async def test_oversized_bodies_are_refused_with_or_without_a_length(
@@ -295,26 +305,71 @@ async def test_oversized_bodies_are_refused_with_or_without_a_length(
 async def test_event_shape_is_configurable(started: Start) -> None:
     handler = Recorder()
     receiver, post = await started(
-        handler,
-        event_id_header="X-Event-Id",
-        topic_header="X-Topic",
-        data_key=None,
-        store_key=None,
+        handler, event_id_key="eventId", topic_key="kind", data_key=None, store_key=None
     )
-    record = {"id": 42, "status": "CANCELLED"}
+    record = {"eventId": "e-1", "kind": "subscription.deleted", "id": 42}
     body = orjson.dumps(record)
-    headers = {"X-Event-Id": "hdr-1", "X-Topic": "subscription.deleted"}
-    assert (await post(body, headers=headers))[0] == 200
-    assert (await post(body, headers=headers))[1] == {"status": "duplicate"}
+    assert (await post(body))[0] == 200
+    assert (await post(body))[1] == {"status": "duplicate"}
     await receiver.join()
     [event] = handler.events
     assert (event.id, event.resource, event.action, event.is_delete) == (
-        "hdr-1",
+        "e-1",
         "subscriptions",
         "deleted",
         True,
     )
     assert (event.record, event.record_id, event.store) == (record, 42, None)
+
+
+async def test_unsigned_headers_decide_nothing(started: Start) -> None:
+    """A captured update re-sent with a topic or event-id header (which no signature covers)
+    is still the same update: headers cannot turn it into a delete, nor past the dedupe, nor
+    make a forged id shadow the real event."""
+    handler = Recorder()
+    receiver, post = await started(handler)
+    body = event_body("real")
+    forged = {"X-Service-Topic": "subscriptions/delete", "X-Service-Event-Id": "fresh"}
+    assert (await post(body, headers=forged))[1] == {"status": "accepted"}
+    assert (await post(body, headers={"X-Service-Event-Id": "other"}))[1] == {"status": "duplicate"}
+    assert (await post(event_body("next"), headers={"X-Service-Event-Id": "real"}))[1] == {
+        "status": "accepted"
+    }
+    await receiver.join()
+    assert [(e.id, e.is_delete) for e in handler.events] == [("real", False), ("next", False)]
+
+
+async def test_a_receiver_bound_to_a_store_refuses_other_stores_deliveries(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One secret shared by two stores: a genuine delivery for globex re-posted to acme's
+    receiver is refused (403), and the refusal names the store."""
+    handler = Recorder()
+    receiver, post = await started(handler, store="acme")
+    globex = orjson.loads(event_body("g-1", topic="subscriptions/delete"))
+    globex["store"] = "globex"
+    nameless = orjson.loads(event_body("n-1"))
+    del nameless["store"]
+    assert (await post(orjson.dumps(globex)))[0] == 403
+    assert (await post(orjson.dumps(nameless)))[0] == 403
+    assert (await post(event_body("a-1")))[0] == 200
+    assert (await post(b"{}", signature="00"))[0] == 401
+    await receiver.join()
+    assert [e.id for e in handler.events] == ["a-1"]
+    assert receiver.stats.unauthorized == 3
+    assert "webhook delivery for store acme refused: its body names store 'globex'" in caplog.text
+    assert "for store acme refused: missing or invalid signature" in caplog.text
+    with pytest.raises(ConfigError):
+        WebhookReceiver(WebhookConfig(SECRET, store_key=None), handler, store="acme")
+
+
+def test_a_topic_that_is_not_a_string_is_a_bad_request() -> None:
+    from asyncsubs.webhooks._events import EventParseError
+
+    config = WebhookConfig(SECRET)
+    for topic in (5, None, "", ["subscriptions/update"]):
+        with pytest.raises(EventParseError, match="no topic"):
+            parse_event(config, orjson.dumps({"id": "e", "topic": topic, "data": {"id": 1}}))
 
 
 def test_parse_event_without_an_id_uses_the_body_digest() -> None:
@@ -532,7 +587,7 @@ async def test_unexpected_errors_are_500_not_exceptions(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("asyncsubs._webhooks_receiver.parse_event", boom)
+    monkeypatch.setattr("asyncsubs.webhooks._receiver.parse_event", boom)
     assert (await post(event_body()))[0] == 500
     assert receiver.stats.errors == 1
 
@@ -552,7 +607,7 @@ def test_config_validation_and_secret_hygiene() -> None:
         {"max_handler_attempts": 1.5},
         {"handler_backoff_initial": 5.0, "handler_backoff_max": 1.0},
         {"topic_key": None},
-        {"sign_timestamp": True},
+        {"timestamp_header": "bad header"},
         {"data_key": ""},
     ]
     for options in bad:

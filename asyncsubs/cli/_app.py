@@ -40,7 +40,7 @@ from ._config_file import (
     parse_db_url,
     parse_rate,
 )
-from ._listen import DEFAULT_RECONCILE_EVERY, parse_listen, run_listen
+from ._listen import DEFAULT_RECONCILE_EVERY, add_dead_letters_parser, parse_listen, run_listen
 from ._lock import hold_database
 from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
@@ -326,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     sync.set_defaults(handler=cmd_sync)
 
     add_demo_parsers(commands, output)
+    add_dead_letters_parser(commands)
     return parser
 
 
@@ -663,6 +664,8 @@ def webhook_summary(tracker: Tracker, *, stream: IO[str]) -> None:
                 f"{hook.ignored:,}",
                 f"{stats.unauthorized + stats.bad_request + stats.too_large:,}",
                 f"{stats.dead_lettered:,}",
+                f"{stats.unfinished:,}",
+                f"{stats.unsaved:,}",
             ]
         )
     print_table(
@@ -677,13 +680,17 @@ def webhook_summary(tracker: Tracker, *, stream: IO[str]) -> None:
             "ignored",
             "refused",
             "dead letters",
+            "kept",
+            "lost",
         ],
         rows,
         stream=stream,
         footer=[
             "applied: rows written or deleted; stale: older than the stored row, or deleted; "
-            "ignored: resources not synced; refused: bad signature or not an event; "
-            "dead letters: in the table webhook_dead_letters"
+            "ignored: resources not synced; refused: bad signature, wrong store or not an event; "
+            "dead letters: in the table webhook_dead_letters (asyncsubs dead-letters); "
+            "kept: accepted, not applied yet, in webhook_inbox for the next start; "
+            "lost: dead letters that could not be saved"
         ],
     )
 
@@ -807,8 +814,8 @@ def _listen(
             webhook_summary(tracker, stream=sys.stdout)
         if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             note(
-                "stopped; accepted webhooks were applied (or dead-lettered) and every committed "
-                "page is kept: rerun the same command to continue"
+                "stopped; accepted webhooks not applied yet are kept in webhook_inbox and every "
+                "committed page is kept: rerun the same command to continue"
             )
         raise
     return EXIT_OK  # not reached: run_listen returns only by raising

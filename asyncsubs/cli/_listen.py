@@ -1,10 +1,15 @@
 """``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
 
 One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
-its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker). Events are written
-on the SyncDB's one writer thread, the same as pulls, so the two never interleave inside a
-transaction; the upsert's newer-or-equal rule and the deleted-ids table make their order
-irrelevant.
+its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker) bound to its store,
+behind one listener's timeouts and caps. A delivery is answered 200 only once it is in the
+database's ``webhook_inbox``; it is removed when applied or dead-lettered, and a restart applies
+what is left, so nothing acknowledged is lost to a crash. Dead letters of earlier runs are
+requeued on start while they have had fewer than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+
+Events are written on the SyncDB's one writer thread, the same as pulls, so the two never
+interleave inside a transaction; the upsert's newer-or-equal rule and the deleted-ids table make
+their order irrelevant.
 
 Webhooks can be lost, so after the initial sync every ``reconcile_every`` seconds an incremental
 pull of every (store, resource) fetches what changed since before the previous pull began, and
@@ -14,40 +19,59 @@ its row in place.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import sys
+import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import IO, Any, Final
 from urllib.parse import quote
 
 import orjson
 from aiohttp import web
 
-from .._webhooks_config import WebhookConfig
-from .._webhooks_dead import SQLiteDeadLetters
-from .._webhooks_events import WebhookEvent
-from .._webhooks_receiver import Handler, ReceiverStats, WebhookReceiver
 from ..errors import ConfigError
-from ._config_file import StoreConfig
-from ._progress import Tracker
+from ..webhooks import (
+    DeadLetter,
+    Handler,
+    InboxEntry,
+    Listener,
+    ListenerLimits,
+    ReceiverStats,
+    SQLiteDeadLetters,
+    SQLiteInbox,
+    WebhookConfig,
+    WebhookEvent,
+    WebhookReceiver,
+)
+from ._config_file import StoreConfig, parse_db_url
+from ._progress import Tracker, print_table
 from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass
 
 __all__ = [
     "DEFAULT_RECONCILE_EVERY",
     "ListenSync",
     "WebhookApplyError",
+    "add_dead_letters_parser",
+    "dead_letters",
     "parse_listen",
     "run_listen",
 ]
 
 DEFAULT_RECONCILE_EVERY: Final = 300.0
 WEBHOOK_ROUTE: Final = "/webhooks/{store}"
+#: Dead letters are requeued on start until they have had this many handler attempts in all
+#: (three rounds of ``max_handler_attempts``): a cause fixed in between (a locked or full
+#: disk) is recovered by a restart, a poison event is not retried for ever.
+REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 
 
 class WebhookApplyError(Exception):
-    """Applying an event failed; the message names the store, because the dead-letter table is
-    shared by all stores and a dead letter's body carries only the sender's claim of one."""
+    """Applying an event failed; the message names the store, as the dead-letter table is
+    shared by all stores."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -91,21 +115,24 @@ class ListenSync:
         tracker: Tracker,
         *,
         max_stores: int = DEFAULT_MAX_STORES,
+        limits: ListenerLimits | None = None,
     ) -> None:
         self.configs = list(configs)
         self.db_path = db_path
         self.tracker = tracker
         self.max_stores = max_stores
         self.db = SyncDB(db_path)
-        # Its own connection: a dead letter must not join (or wait for) a sync transaction.
-        # One table for all stores; the error column names the store (WebhookApplyError).
+        # Their own connections: acknowledging a delivery must not wait for a page's
+        # transaction on the writer thread. One table each for all stores, keyed by store.
+        self.inbox = SQLiteInbox(db_path)
         self.dead_letters = SQLiteDeadLetters(db_path)
+        self.limits = limits
         self.receivers: dict[str, WebhookReceiver] = {}
         #: Store -> the URL its webhooks are served at, once listening.
         self.urls: dict[str, str] = {}
         #: Pulls of every store done so far (the initial sync is the first).
         self.passes = 0
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
 
     async def __aenter__(self) -> ListenSync:
         try:
@@ -128,10 +155,15 @@ class ListenSync:
             for resource in config.resources:
                 self.tracker.add(config.store, resource)
         await self.db.open()
+        # Both tables exist from the start, so monitoring queries work before the first event.
+        await self.inbox.open()
+        await self.dead_letters.open()
         for config in self.configs:
             receiver = WebhookReceiver(
                 WebhookConfig(config.webhook_secret),
                 self._handler(config),
+                store=config.store,
+                inbox=self.inbox,
                 dead_letters=self.dead_letters,
             )
             self.receivers[config.store] = receiver
@@ -144,8 +176,8 @@ class ListenSync:
         db = self.db
 
         async def apply(event: WebhookEvent) -> None:
-            # The store is the one whose URL (and secret) the delivery came through; the body's
-            # "store" is the sender's naming and is not trusted.
+            # The store is the one whose URL (and secret) the delivery came through; the
+            # receiver has checked that the signed body names the same store.
             if event.resource not in resources:
                 hook.ignored += 1  # also keeps unknown resources out of the SQL
                 return
@@ -169,23 +201,24 @@ class ListenSync:
         return apply
 
     async def listen(self, host: str, port: int) -> dict[str, str]:
-        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``; returns the
-        URLs. A port that cannot be bound is a ConfigError."""
+        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``, resume what
+        the inbox kept and requeue dead letters; returns the URLs. A port that cannot be bound
+        is a ConfigError."""
         app = web.Application()
         app.router.add_post(WEBHOOK_ROUTE, self._dispatch)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-        await runner.setup()
+        listener = Listener(app, self.limits or ListenerLimits())
         try:
-            await web.TCPSite(runner, host, port).start()
+            _, bound_port = await listener.start(host, port)
         except OSError as exc:
-            await runner.cleanup()
             raise ConfigError(
                 f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
             ) from None
-        self._runner = runner
-        for receiver in self.receivers.values():
+        self._listener = listener
+        for store, receiver in self.receivers.items():
             await receiver.start()
-        bound_port = runner.addresses[0][1]
+            requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
+            if requeued:
+                self.tracker.message(f"webhooks of store {store}: {requeued} dead letters requeued")
         shown = f"[{host}]" if ":" in host else host
         for store in self.receivers:
             url = f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
@@ -215,17 +248,19 @@ class ListenSync:
         await asyncio.gather(*(r.join() for r in self.receivers.values()))
 
     async def close(self) -> None:
-        runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
         try:
-            if runner is not None:
+            if listener is not None:
                 # Answers the deliveries in progress, then refuses connections.
-                await runner.cleanup()
+                await listener.close()
         finally:
             try:
-                # Each finishes its queue into the still-open database, or dead-letters it.
+                # Each finishes its queue into the still-open database; what is left stays in
+                # the inbox for the next start.
                 await asyncio.gather(*(r.close() for r in self.receivers.values()))
             finally:
                 try:
+                    await self.inbox.close()
                     await self.dead_letters.close()
                 finally:
                     await self.db.close()
@@ -265,3 +300,83 @@ async def run_listen(
                 + f"; next reconciliation in {delay:.0f}s"
             )
             await asyncio.sleep(delay)
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncsubs dead-letters
+
+
+def add_dead_letters_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dead-letters",
+        help="list (or requeue) the webhook events sync --listen could not apply",
+        description=(
+            "List the dead letters of a sync database: webhook events that sync --listen "
+            "accepted but could not apply. sync --listen requeues them itself on start while "
+            f"they have had fewer than {REQUEUE_BELOW_ATTEMPTS} attempts; --requeue moves them "
+            "(all, or those of --store) back to the inbox, whatever their attempts, for the "
+            "next start of sync --listen to apply (restart a running one)."
+        ),
+    )
+    parser.add_argument("--db", required=True, metavar="URL", help="sqlite:///path.db")
+    parser.add_argument(
+        "--store", action="append", metavar="ID", help="only this store's (repeatable)"
+    )
+    parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    parser.set_defaults(handler=cmd_dead_letters, debug=False)
+
+
+async def dead_letters(
+    db_path: Path, *, stores: Sequence[str] | None = None, requeue: bool = False
+) -> tuple[list[DeadLetter], int]:
+    """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
+    with ``requeue`` (letters without a store, from before they named one, stay)."""
+    dead = SQLiteDeadLetters(db_path)
+    inbox = SQLiteInbox(db_path)
+    try:
+        letters = [x for x in await dead.all() if stores is None or x.store in stores]
+        moved = 0
+        if requeue:
+            for letter in letters:
+                if letter.store is None:
+                    continue
+                # Attempts start over: requeueing by hand says the cause is fixed.
+                await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+                await dead.remove(letter.event_id)
+                moved += 1
+        return letters, moved
+    finally:
+        await inbox.close()
+        await dead.close()
+
+
+def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:
+    stream = stream or sys.stdout
+    db_path = parse_db_url(args.db)
+    if not db_path.is_file():
+        raise ConfigError(f"--db: {db_path} does not exist")
+    letters, moved = asyncio.run(dead_letters(db_path, stores=args.store, requeue=args.requeue))
+    rows = [
+        [
+            letter.store or "",
+            letter.event_id,
+            letter.topic or "",
+            str(letter.attempts),
+            datetime.fromtimestamp(letter.failed_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            letter.error,
+        ]
+        for letter in letters
+    ]
+    footer = [f"{len(letters)} dead letters in {db_path} (table webhook_dead_letters)"]
+    if args.requeue:
+        footer.append(
+            f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
+        )
+    print_table(
+        "webhook dead letters",
+        ["store", "event", "topic", "attempts", "failed at (UTC)", "error"],
+        rows,
+        stream=stream,
+        footer=footer,
+    )
+    return 0

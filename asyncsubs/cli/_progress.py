@@ -26,8 +26,8 @@ import attrs
 import orjson
 
 from .._stats import PoolStats
-from .._webhooks_receiver import ReceiverStats
 from ..errors import ConfigError
+from ..webhooks import ReceiverStats
 
 if TYPE_CHECKING:
     from .._client import AdminClient

@@ -3,7 +3,9 @@
 Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key
 ``(store, id)``, the record's JSON as received in ``raw`` plus typed columns for the common
 fields; ``asyncsubs_sync_state``, one row per ``(store, resource)``; and ``asyncsubs_deleted``,
-the ids deleted by webhooks (``sync --listen``).
+the ids deleted by webhooks (``sync --listen``). With ``--listen`` the same database holds
+``webhook_inbox`` and ``webhook_dead_letters``, made by ``asyncsubs.webhooks``' SQLite stores on
+connections of their own (see ``_listen``).
 
 Pulls and webhooks write the same rows, in any order: a write replaces a row only when its
 ``updated_at`` is not older than the stored one, and never brings back a deleted id.

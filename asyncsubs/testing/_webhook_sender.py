@@ -6,8 +6,8 @@ The interface leaves the webhook format open; this is the format the fake sends 
     POST <url>
     Content-Type: application/json
     X-Service-Signature: hex(HMAC-SHA256(secret, raw body))
-    X-Service-Event-Id: <event id>          (also in the body)
-    X-Service-Topic: subscriptions/update   (also in the body)
+    X-Service-Event-Id: <event id>          (informational; receivers read the signed body)
+    X-Service-Topic: subscriptions/update   (informational; receivers read the signed body)
 
     {"id": "<uuid>", "topic": "subscriptions/update", "store": "acme",
      "createdAt": "2026-01-02T03:04:05Z", "data": {<the whole record after the change>}}
@@ -32,7 +32,7 @@ import attrs
 import orjson
 
 from .._retry import waiting_enabled
-from .._webhooks_config import Encoding, signature_header_value
+from ..webhooks._config import Encoding, signature_header_value
 from ._data import iso
 from ._store import ChangeEvent, FakeStore
 

@@ -5,7 +5,9 @@ topics, payloads, delivery rules and signing unspecified; so everything the send
 ``WebhookConfig`` setting with a safe default (HMAC-SHA256 of the raw body, hex, in
 ``X-Service-Signature``; event id in ``"id"``, topic in ``"topic"``, record in ``"data"``)::
 
-    from asyncsubs.webhooks import WebhookConfig, WebhookEvent, WebhookReceiver, SQLiteDeadLetters
+    from asyncsubs.webhooks import (
+        SQLiteDeadLetters, SQLiteInbox, WebhookConfig, WebhookEvent, WebhookReceiver,
+    )
 
     async def apply(event: WebhookEvent) -> None:
         if event.is_delete:
@@ -16,56 +18,40 @@ topics, payloads, delivery rules and signing unspecified; so everything the send
     receiver = WebhookReceiver(
         WebhookConfig(os.environ["WEBHOOK_SECRET"]),
         apply,
-        dead_letters=SQLiteDeadLetters("subs.db"),
+        inbox=SQLiteInbox("hooks.db"),             # acknowledged = written down: survives a crash
+        dead_letters=SQLiteDeadLetters("hooks.db"),
     )
     url = await receiver.listen("0.0.0.0", 8080)   # or receiver.app() / receiver.attach(app)
     ...
-    await receiver.close()        # drains the queue; anything left goes to the dead letters
+    await receiver.close()        # drains the queue; anything left stays in the inbox
 
 Webhooks can be lost (the sender gives up, the receiver is down): pair them with periodic
 incremental pulls (a list endpoint filtered on ``updatedAt`` from before the previous pull
 started); see docs/webhooks.md.
 """
 
-from ._webhooks_config import (
-    DEFAULT_RESOURCE_ALIASES,
-    Encoding,
-    WebhookConfig,
-    decode_signature,
-    sign,
-    signature_header_value,
-    verify,
-)
-from ._webhooks_dead import (
-    DEAD_LETTER_TABLE,
-    DeadLetter,
-    DeadLetterStore,
-    MemoryDeadLetters,
-    SQLiteDeadLetters,
-)
-from ._webhooks_events import DedupeWindow, EventParseError, WebhookEvent, parse_event, supersedes
-from ._webhooks_receiver import DEFAULT_PATH, Handler, ReceiverStats, WebhookReceiver
+from ._config import WebhookConfig, signature_header_value
+from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters, SQLiteDeadLetters
+from ._events import WebhookEvent, supersedes
+from ._inbox import Inbox, InboxEntry, SQLiteInbox
+from ._listener import Listener, ListenerLimits
+from ._receiver import Handler, ReceiverStats, WebhookReceiver
 
 __all__ = [
-    "DEAD_LETTER_TABLE",
-    "DEFAULT_PATH",
-    "DEFAULT_RESOURCE_ALIASES",
     "DeadLetter",
     "DeadLetterStore",
-    "DedupeWindow",
-    "Encoding",
-    "EventParseError",
     "Handler",
+    "Inbox",
+    "InboxEntry",
+    "Listener",
+    "ListenerLimits",
     "MemoryDeadLetters",
     "ReceiverStats",
     "SQLiteDeadLetters",
+    "SQLiteInbox",
     "WebhookConfig",
     "WebhookEvent",
     "WebhookReceiver",
-    "decode_signature",
-    "parse_event",
-    "sign",
     "signature_header_value",
     "supersedes",
-    "verify",
 ]

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import functools
 import logging
 import sqlite3
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Protocol, TypeVar, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import attrs
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ._sqlite import SQLiteTable
 
 __all__ = [
     "DEAD_LETTER_TABLE",
@@ -25,17 +22,16 @@ __all__ = [
     "SQLiteDeadLetters",
 ]
 
-T = TypeVar("T")
 log = logging.getLogger("asyncsubs.webhooks")
 
 DEAD_LETTER_TABLE: Final = "webhook_dead_letters"
-_NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
 @attrs.frozen
 class DeadLetter:
     """An accepted event that was never handled: the body exactly as received (signature already
-    checked), the last error, how many attempts were made and when it was given up (epoch s)."""
+    checked), the last error, how many attempts were made (over every requeue) and when it was
+    given up (epoch s); ``store``: the store of the receiver that accepted it, if bound to one."""
 
     event_id: str
     topic: str | None
@@ -43,6 +39,7 @@ class DeadLetter:
     error: str
     attempts: int
     failed_at: float
+    store: str | None = None
 
 
 @runtime_checkable
@@ -100,11 +97,12 @@ def _epoch(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-class SQLiteDeadLetters:
+class SQLiteDeadLetters(SQLiteTable):
     """Dead letters in an SQLite table (default ``webhook_dead_letters``)::
 
         webhook_dead_letters(event_id TEXT, topic TEXT, body BLOB, error TEXT,
-                             attempts INTEGER, failed_at TEXT)   -- failed_at: ISO-8601 UTC
+                             attempts INTEGER, failed_at TEXT, store TEXT)
+        -- failed_at: ISO-8601 UTC; store: the receiver's store (NULL when not bound to one)
 
     Pass a path (its own connection, WAL mode; it may be the sync database itself) or an open
     ``sqlite3.Connection`` made with ``check_same_thread=False`` that nothing else uses
@@ -114,65 +112,27 @@ class SQLiteDeadLetters:
     def __init__(
         self, path_or_conn: str | Path | sqlite3.Connection, *, table: str = DEAD_LETTER_TABLE
     ) -> None:
-        if not table or not set(table) <= _NAME_CHARS or table[0].isdigit():
-            raise ConfigError(f"table must be a plain SQL identifier, got {table!r}")
-        self.table = table
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-dlq")
-        self._own = not isinstance(path_or_conn, sqlite3.Connection)
-        self._target = path_or_conn
-        self._conn: sqlite3.Connection | None = None
+        super().__init__(path_or_conn, table=table)
 
-    def __repr__(self) -> str:
-        where = "connection" if not self._own else str(self._target)
-        return f"<SQLiteDeadLetters {where} table={self.table}>"
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is None:
-            if isinstance(self._target, sqlite3.Connection):
-                conn = self._target
-            else:
-                conn = sqlite3.connect(self._target, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA busy_timeout = 10000")
-                conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(
-                f"""CREATE TABLE IF NOT EXISTS {self.table} (
-                    event_id TEXT NOT NULL,
-                    topic TEXT,
-                    body BLOB NOT NULL,
-                    error TEXT NOT NULL,
-                    attempts INTEGER NOT NULL,
-                    failed_at TEXT NOT NULL
-                )"""
-            )
-            if conn.in_transaction:
-                conn.commit()
-            self._conn = conn
-        return self._conn
-
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
-
-    def _add(self, letter: DeadLetter) -> None:
-        conn = self._connect()
+    def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute(
-            f"INSERT INTO {self.table} (event_id, topic, body, error, attempts, failed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                letter.event_id,
-                letter.topic,
-                letter.body,
-                letter.error,
-                letter.attempts,
-                _iso(letter.failed_at),
-            ),
+            f"""CREATE TABLE IF NOT EXISTS {self.table} (
+                event_id TEXT NOT NULL,
+                topic TEXT,
+                body BLOB NOT NULL,
+                error TEXT NOT NULL,
+                attempts INTEGER NOT NULL,
+                failed_at TEXT NOT NULL,
+                store TEXT
+            )"""
         )
-        if conn.in_transaction:
-            conn.commit()
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({self.table})")}
+        if "store" not in columns:  # made before letters named their store
+            conn.execute(f"ALTER TABLE {self.table} ADD COLUMN store TEXT")
 
     def _all(self) -> list[DeadLetter]:
         rows = self._connect().execute(
-            f"SELECT event_id, topic, body, error, attempts, failed_at FROM {self.table}"
+            f"SELECT event_id, topic, body, error, attempts, failed_at, store FROM {self.table}"
             " ORDER BY rowid"
         )
         return [
@@ -183,29 +143,29 @@ class SQLiteDeadLetters:
                 error=row[3],
                 attempts=row[4],
                 failed_at=_epoch(row[5]),
+                store=row[6],
             )
             for row in rows
         ]
 
-    def _remove(self, event_id: str) -> int:
-        conn = self._connect()
-        removed = conn.execute(f"DELETE FROM {self.table} WHERE event_id = ?", (event_id,))
-        if conn.in_transaction:
-            conn.commit()
-        return removed.rowcount
-
     async def add(self, letter: DeadLetter) -> None:
-        await self._run(self._add, letter)
+        await self._write(
+            f"INSERT INTO {self.table}"
+            " (event_id, topic, body, error, attempts, failed_at, store)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                letter.event_id,
+                letter.topic,
+                letter.body,
+                letter.error,
+                letter.attempts,
+                _iso(letter.failed_at),
+                letter.store,
+            ),
+        )
 
     async def all(self) -> list[DeadLetter]:
         return await self._run(self._all)
 
     async def remove(self, event_id: str) -> int:
-        return await self._run(self._remove, event_id)
-
-    async def close(self) -> None:
-        """Close the connection if this object opened it, and the worker thread."""
-        conn, self._conn = self._conn, None
-        if conn is not None and self._own:
-            await self._run(conn.close)
-        self._executor.shutdown(wait=True)
+        return await self._write(f"DELETE FROM {self.table} WHERE event_id = ?", (event_id,))

@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from . import _json
-from ._webhooks_config import WebhookConfig
+from .. import _json
+from ._config import WebhookConfig
 
 __all__ = ["DedupeWindow", "EventParseError", "WebhookEvent", "parse_event", "supersedes"]
 
@@ -64,37 +64,26 @@ def split_topic(topic: str, aliases: Mapping[str, str]) -> tuple[str, str]:
 
 
 def parse_event(
-    config: WebhookConfig,
-    body: bytes,
-    *,
-    headers: Mapping[str, str] | None = None,
-    received_at: float | None = None,
+    config: WebhookConfig, body: bytes, *, received_at: float | None = None
 ) -> WebhookEvent:
-    """Parse a delivery body (already verified); raises EventParseError."""
+    """Parse a delivery body (already verified); raises EventParseError.
+
+    Only the body is read: it is what the signature covers, so a captured delivery cannot be
+    turned into another event by changing its headers."""
     try:
         payload = _json.loads(body)  # ids beyond 64 bits stay exact
     except ValueError as exc:
         raise EventParseError(f"body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):
         raise EventParseError("body must be a JSON object")
-    headers = headers or {}
-
-    event_id = None
-    if config.event_id_header is not None:
-        event_id = _text(headers.get(config.event_id_header))
-    if event_id is None and config.event_id_key is not None:
-        event_id = _text(payload.get(config.event_id_key))
+    event_id = None if config.event_id_key is None else _text(payload.get(config.event_id_key))
     if event_id is None:
         # Without an id, identical bodies are the same delivery resent.
         event_id = "sha256:" + hashlib.sha256(body).hexdigest()
 
-    topic = None
-    if config.topic_header is not None:
-        topic = _text(headers.get(config.topic_header))
-    if topic is None and config.topic_key is not None:
-        topic = _text(payload.get(config.topic_key))
-    if topic is None:
-        raise EventParseError("the event has no topic")
+    topic = payload.get(config.topic_key)
+    if not isinstance(topic, str) or not topic:
+        raise EventParseError(f"the event has no topic (a string in {config.topic_key!r})")
     resource, action = split_topic(topic, config.resource_aliases)
 
     data = payload if config.data_key is None else payload.get(config.data_key)

@@ -19,8 +19,8 @@ from typing import Final, Literal
 
 import attrs
 
-from ._frozen import FrozenMap
-from .errors import ConfigError
+from .._frozen import FrozenMap
+from ..errors import ConfigError
 
 __all__ = [
     "DEFAULT_RESOURCE_ALIASES",
@@ -108,16 +108,18 @@ class WebhookConfig:
       ``signature_prefix`` (e.g. ``"sha256="``). A header may carry several comma-separated
       signatures; one matching is enough.
     - ``timestamp_header``: off by default. When set, a delivery must carry that header (epoch
-      seconds or ISO-8601) within ``timestamp_tolerance`` seconds of now (replay protection);
-      with ``sign_timestamp`` the signed bytes are ``b"<timestamp>." + body``.
+      seconds or ISO-8601) within ``timestamp_tolerance`` seconds of now, and the signed bytes
+      are ``b"<timestamp>." + body``: replay protection only holds when the timestamp is
+      signed, so an unsigned one is not an option.
 
-    Parsing (the JSON body must be an object; everything else is a 400):
+    Parsing (the JSON body must be an object; everything else is a 400). Everything that
+    decides what a delivery does comes from the signed body, never from an unsigned header:
 
-    - ``event_id_header`` (preferred when set) or ``event_id_key``: the delivery's event id; with
-      neither present, a SHA-256 of the body stands in (identical replays are still caught).
-    - ``topic_header`` (preferred when set) or ``topic_key``: e.g. ``"subscriptions/update"``;
-      required. It splits at its last ``/`` or ``.`` into resource and action; singular
-      resources map through ``resource_aliases``.
+    - ``event_id_key``: the delivery's event id; absent, a SHA-256 of the body stands in
+      (identical replays are still caught).
+    - ``topic_key``: e.g. ``"subscriptions/update"``, a string; required. It splits at its last
+      ``/`` or ``.`` into resource and action; singular resources map through
+      ``resource_aliases``.
     - ``data_key``: the record (None: the whole payload is the record); ``record_id_key`` in it.
     - ``created_at_key``, ``store_key``: optional fields copied onto the event.
     - ``delete_actions``: actions that mean the record is gone.
@@ -140,12 +142,9 @@ class WebhookConfig:
     signature_prefix: str = attrs.field(default="", kw_only=True)
     timestamp_header: str | None = attrs.field(default=None, kw_only=True)
     timestamp_tolerance: float = attrs.field(default=300.0, kw_only=True)
-    sign_timestamp: bool = attrs.field(default=False, kw_only=True)
 
     event_id_key: str | None = attrs.field(default="id", kw_only=True)
-    event_id_header: str | None = attrs.field(default=None, kw_only=True)
-    topic_key: str | None = attrs.field(default="topic", kw_only=True)
-    topic_header: str | None = attrs.field(default=None, kw_only=True)
+    topic_key: str = attrs.field(default="topic", kw_only=True)
     data_key: str | None = attrs.field(default="data", kw_only=True)
     record_id_key: str = attrs.field(default="id", kw_only=True)
     created_at_key: str | None = attrs.field(default="createdAt", kw_only=True)
@@ -178,17 +177,15 @@ class WebhookConfig:
         ):
             raise ConfigError(f"algorithm must be a hashlib algorithm, got {self.algorithm!r}")
         _header("signature_header", self.signature_header, optional=False)
-        for name in ("timestamp_header", "event_id_header", "topic_header"):
-            _header(name, getattr(self, name), optional=True)
-        for name in ("event_id_key", "topic_key", "data_key", "created_at_key", "store_key"):
+        _header("timestamp_header", self.timestamp_header, optional=True)
+        for name in ("event_id_key", "data_key", "created_at_key", "store_key"):
             _key(name, getattr(self, name))
+        if self.topic_key is None:
+            raise ConfigError("topic_key is required: events are routed by their signed topic")
+        _key("topic_key", self.topic_key)
         _key("record_id_key", self.record_id_key)
         if not isinstance(self.signature_prefix, str):
             raise ConfigError("signature_prefix must be a string")
-        if self.topic_key is None and self.topic_header is None:
-            raise ConfigError("set topic_key or topic_header: events are routed by topic")
-        if self.sign_timestamp and self.timestamp_header is None:
-            raise ConfigError("sign_timestamp needs timestamp_header")
         for name in ("timestamp_tolerance", "dedupe_window"):
             _positive(name, getattr(self, name))
         for name in ("handler_backoff_initial", "handler_backoff_max"):
@@ -234,7 +231,7 @@ def timestamp_within(value: str | None, now: float, tolerance: float) -> bool:
 
 
 def signed_bytes(body: bytes, timestamp: str | None) -> bytes:
-    """What is signed: the raw body, or ``b"<timestamp>." + body`` when the timestamp is."""
+    """What is signed: the raw body, or ``b"<timestamp>." + body`` with a timestamp header."""
     return body if timestamp is None else timestamp.encode("ascii") + b"." + body
 
 
