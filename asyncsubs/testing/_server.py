@@ -2,14 +2,17 @@
 
 Request pipeline (one catch-all route, so every answer uses the service's error envelope):
 
+0. ``inbound_delay`` (an auth step or proxy queue in front of the limiter), then the stamp
 1. path outside ``/admin/{version}/`` -> 404 NOT_FOUND
 2. ``X-Service-Token`` missing/unknown -> 401 UNAUTHORIZED; forbidden path prefix -> 403
 3. a matching scripted response (``enqueue``/``redirect``) is sent as is (no rate limiting)
 4. fault draw; a 429-without-Retry-After fault answers here without consuming budget
-5. rate limit of the request's pool -> 429 RATE_LIMITED + Retry-After (nothing consumed)
+5. rate limit of the request's pool, at the stamp -> 429 RATE_LIMITED + Retry-After (nothing
+   consumed); with ``ServerRateLimits(headers=...)`` every answer of the pool announces it
 6. other faults, or normal handling (list/get/action)
 
-Latency is added to every answer. Times come from the event loop clock.
+Latency is added to every answer (after the stamp: a page's time to build). Times come from
+the event loop clock.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class RequestRecord:
     #: The authenticated store, or None (401, 404 outside the versioned base).
     store: str | None
     status: int
-    #: Event-loop time at arrival.
+    #: Event-loop time of the rate-limit stamp (arrival, plus any ``inbound_delay``).
     time: float
     body: bytes = b""
     pool: str | None = None
