@@ -266,7 +266,8 @@ class StoreLimiter:
             accepted = 0
             if p.pause_until <= since:
                 accepted = sum(1 for t in p.starts if since <= t < slot.due)
-            factor = p.slowdown.widen(now, rate.n / accepted if accepted else 1.0)
+            # A count of one or two says more about one start stamped late than about a quota.
+            factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
         self._pause(p, loop, pause or 0.0, p.slowdown.value(now))
 
