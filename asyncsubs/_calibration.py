@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Smallest widening per 429: a 429 after a long run at the learnt rate still means "slower".
-SLOWDOWN_STEP = 0.10
+SLOWDOWN_STEP = 0.05
 #: The largest slowdown: a server enforcing less than a quarter of the configured rate is
 #: misconfigured on one side, and its 429s and Retry-After still hold the pool.
 MAX_SLOWDOWN = 4.0
