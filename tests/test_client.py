@@ -480,3 +480,32 @@ async def test_json_body_integers_beyond_64_bits_are_sent_exactly(make_client: M
     async with wire, make_client(base_url=wire.base_url) as client:
         await client.request("POST", "subscriptions/1/pause", json={"id": 2**64 + 1})
     assert wire.requests[0].endswith(b'{"id":18446744073709551617}')
+
+
+async def test_a_long_retry_after_fails_every_request_of_the_pool_fast(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    """Retry-After beyond max_retry_after: that call fails fast, and so does every later request
+    of the pool while the pause lasts, instead of each waiting it out (nothing is sent)."""
+    from asyncsubs.testing import set_waiting
+
+    previous = set_waiting(True)
+    try:
+        server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "3600"})
+        async with make_client() as client:
+            loop = asyncio.get_running_loop()
+            with pytest.raises(errors.RateLimitError) as first:
+                await client.request("GET", "subscriptions/1")
+            sent = server.stats("acme").requests
+            started = loop.time()
+            with pytest.raises(errors.RateLimitError) as later:
+                await client.request("GET", "subscriptions/1")
+            assert loop.time() - started < 1.0
+            # Another pool is not paused.
+            await client.request("GET", "orders", params={"pageSize": 1})
+    finally:
+        set_waiting(previous)
+    assert first.value.retry_after == 3600
+    assert later.value.retry_after is not None
+    assert 3590 < later.value.retry_after <= 3600
+    assert server.stats("acme").requests == sent + 1  # only the orders request went out
