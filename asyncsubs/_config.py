@@ -15,7 +15,7 @@ import attrs
 from ._frozen import FrozenMap
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_HEAVY", "Limits", "Rate", "RetryPolicy"]
+__all__ = ["DEFAULT_HEAVY", "Limits", "PoolSplit", "Rate", "RetryPolicy"]
 
 
 def _positive_number(name: str, value: Any) -> float:
@@ -87,22 +87,36 @@ def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
     return FrozenMap(frozen)
 
 
-def heavy_pool_for(heavy: Mapping[str, Rate], method: str, path: str) -> str:
-    """The pool a request draws on: a heavy path for GETs of a heavy list, else "global".
+class PoolSplit:
+    """How requests split into pools: a GET of exactly a heavy path (a list endpoint) draws only
+    on that path's isolated pool, everything else on "global". Shared by the client's ``Limits``
+    and the fake server's ``ServerRateLimits``, so both split alike."""
 
-    Shared by the client's Limits and the fake server's limits, so both split alike."""
-    if method == "GET":
-        key = path.strip("/")
-        if key in heavy:
-            return key
-    return "global"
+    __slots__ = ()
+    global_rate: Rate
+    heavy: Mapping[str, Rate]
+
+    def pool_for(self, method: str, path: str) -> str:
+        """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
+        if method == "GET":
+            key = path.strip("/")
+            if key in self.heavy:
+                return key
+        return "global"
+
+    def rate_for(self, pool: str) -> Rate:
+        return self.global_rate if pool == "global" else self.heavy[pool]
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return ("global", *self.heavy)
 
 
 _SERVER_LIMITS = ("lower", "follow", "ignore")
 
 
 @attrs.frozen
-class Limits:
+class Limits(PoolSplit):
     """Per-store request budgets, and how close to them to pace.
 
     - ``global_rate``: the shared pool for every request that is not a heavy list request.
@@ -148,16 +162,6 @@ class Limits:
                 f" got {self.server_limits!r}"
             )
 
-    def pool_for(self, method: str, path: str) -> str:
-        """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
-        return heavy_pool_for(self.heavy, method, path)
-
-    def rate_for(self, pool: str) -> Rate:
-        return self.global_rate if pool == "global" else self.heavy[pool]
-
-    @property
-    def pools(self) -> tuple[str, ...]:
-        return ("global", *self.heavy)
 
 
 #: Statuses that are retried by default: the request was not (or need not have been) processed.

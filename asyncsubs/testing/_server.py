@@ -615,7 +615,7 @@ class FakeAdminServer:
                 ctx, scripted.status, scripted.body, content_type=None, headers=scripted.headers
             )
 
-        ctx.pool = pool = store.limiter.pool_for(method, path)
+        ctx.pool = pool = store.limiter.limits.pool_for(method, path)
         fault = self._picker.draw(path)
         if fault == "rate_limit_no_retry_after":
             ctx.fault = fault
