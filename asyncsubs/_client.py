@@ -19,6 +19,7 @@ from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
+    DEFAULT_VERSION,
     USER_AGENT,
     PageEnvelope,
     RawResponse,
@@ -45,7 +46,6 @@ log = logging.getLogger("asyncsubs.retry")
 
 TOKEN_ENV: Final = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV: Final = "ASYNCSUBS_BASE_URL"
-DEFAULT_VERSION: Final = "2026-04"
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 
@@ -120,10 +120,12 @@ class AdminClient:
         # belong to it, and another loop would meet them with RuntimeErrors.
         self._loop: asyncio.AbstractEventLoop | None = None
         self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
-            self, "subscriptions", Subscription
+            self._get_page, "subscriptions", Subscription
         )
-        self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(self, "customers", Customer)
-        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self, "orders", Order)
+        self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(
+            self._get_page, "customers", Customer
+        )
+        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self._get_page, "orders", Order)
 
     def __repr__(self) -> str:
         return f"<AdminClient store={self.store!r} base={self._base!r}>"
@@ -136,7 +138,7 @@ class AdminClient:
     def list_endpoint(self, path: str, *, model: type[Any] = dict) -> ListEndpoint[Any]:
         """Another list endpoint with the same pagination contract; records are dicts unless
         ``model`` says otherwise."""
-        return ListEndpoint(self, clean_path(path), model)
+        return ListEndpoint(self._get_page, clean_path(path), model)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -163,7 +163,6 @@ class Limits(PoolSplit):
             )
 
 
-
 #: Statuses that are retried by default: the request was not (or need not have been) processed.
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from ._converter import structure_records, structurer_for
 from ._models import Page
+from ._protocol import PageEnvelope
 from .errors import ConfigError, ProtocolError
 
-if TYPE_CHECKING:
-    from ._client import AdminClient
-
-__all__ = ["ListCall", "ListEndpoint"]
+__all__ = ["FetchPage", "ListCall", "ListEndpoint"]
 
 T = TypeVar("T")
+#: Fetches one page: ``GET path`` with the query; the client's rate-limited, retried request.
+FetchPage: TypeAlias = Callable[[str, Mapping[str, Any]], Awaitable[PageEnvelope]]
 PAGE_SIZE: Final = "pageSize"
 AFTER_CURSOR: Final = "afterCursor"
 #: Pages fetched ahead of the consumer by default: overlaps one network wait with the caller's
@@ -72,7 +72,7 @@ class ListCall(Generic[T]):
 
     def __init__(
         self,
-        client: AdminClient,
+        fetch_page: FetchPage,
         path: str,
         *,
         page_size: int | None,
@@ -84,7 +84,7 @@ class ListCall(Generic[T]):
     ) -> None:
         self._prefetch = prefetch
         self._max_empty_pages = max_empty_pages
-        self._client = client
+        self._fetch_page = fetch_page
         self._path = path
         self._page_size = page_size
         self._after_cursor = after_cursor
@@ -150,7 +150,7 @@ class ListCall(Generic[T]):
                 query[AFTER_CURSOR] = cursor
             if credits is not None:
                 await credits.acquire()
-            envelope = await self._client._get_page(self._path, query)
+            envelope = await self._fetch_page(self._path, query)
             next_cursor = envelope.next_cursor if envelope.has_next_page else None
             if next_cursor is not None:
                 # Checked before the page is yielded, so the caller's last checkpoint
@@ -194,8 +194,8 @@ class ListCall(Generic[T]):
 class ListEndpoint(Generic[T]):
     """A list endpoint of the admin interface, e.g. ``client.subscriptions``."""
 
-    def __init__(self, client: AdminClient, path: str, model: type[T] | Any) -> None:
-        self._client = client
+    def __init__(self, fetch_page: FetchPage, path: str, model: type[T] | Any) -> None:
+        self._fetch_page = fetch_page
         self.path = path
         self.model = model
 
@@ -228,7 +228,7 @@ class ListEndpoint(Generic[T]):
         if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
             raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
         return ListCall(
-            self._client,
+            self._fetch_page,
             self.path,
             page_size=_check_page_size(page_size),
             after_cursor=after_cursor,

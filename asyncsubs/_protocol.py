@@ -35,6 +35,7 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_VERSION",
     "PageEnvelope",
     "RawResponse",
     "Request",
@@ -47,6 +48,8 @@ __all__ = [
     "versioned_base",
 ]
 
+#: The interface version this client implements (the path's ``/admin/{version}/``).
+DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 USER_AGENT: Final = f"asyncsubs/{__version__}"
 SUCCESS_CODE: Final = "SUCCESS"

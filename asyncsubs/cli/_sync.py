@@ -34,8 +34,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from .. import _json
-from .._client import AdminClient
+from .. import AdminClient, _json
 from ..errors import AsyncSubsError, BadRequestError, ProtocolError
 from ._config_file import RESOURCES, Incremental, StoreConfig
 from ._progress import ResourceProgress, Tracker

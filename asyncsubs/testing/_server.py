@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from .._protocol import DEFAULT_VERSION
 from ._cursor import CursorCodec, InvalidCursor
 from ._data import RESOURCES, SUBSCRIPTION_STATUSES
 from ._faults import (
@@ -59,7 +60,6 @@ __all__ = [
     "RequestRecord",
 ]
 
-DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 #: The incremental filter of list endpoints: records whose ``updatedAt`` is at or after it.
 DEFAULT_INCREMENTAL_PARAM: Final = "updatedAtMin"
