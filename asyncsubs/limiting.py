@@ -11,8 +11,6 @@ Most code needs none of this: ``AdminClient(limiter=None)`` paces each store in 
 - :class:`LimiterStats` and :class:`PoolStats`, what ``AdminClient.stats`` reports.
 """
 
-from __future__ import annotations
-
 from ._limiter import Limiter, LocalLimiter, MemoryPacing, PacingBackend, Slot, StoreLimiter
 from ._stats import LimiterStats, PoolStats
 

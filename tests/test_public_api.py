@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import types
+
 import attrs
 import pytest
 
@@ -99,3 +102,26 @@ def test_webhooks_namespace_is_explicit_and_sorted() -> None:
     # adds "@py_..." globals to the package it loads its plugin from.)
     public = {name for name in vars(webhooks) if name.isidentifier() and name[0] != "_"}
     assert public == set(webhooks.__all__)
+
+
+@pytest.mark.parametrize("name", ["asyncsubs", "asyncsubs.limiting", "asyncsubs.testing"])
+def test_namespaces_are_explicit_and_sorted(name: str) -> None:
+    module = importlib.import_module(name)
+    assert module.__all__ == sorted(module.__all__, key=lambda n: (n.startswith("_"), n))
+    subpackages = {"cli", "errors", "limiting", "redis", "testing", "webhooks"}
+    public = {
+        n
+        for n, value in vars(module).items()
+        if n.isidentifier() and n[0] != "_" and not isinstance(value, types.ModuleType)
+    }
+    assert public <= set(module.__all__) | subpackages
+
+
+def test_the_limiters_parts_live_in_asyncsubs_limiting() -> None:
+    # The top level holds what users of the client need; backend authors import the rest.
+    import asyncsubs.limiting
+
+    parts = {"Limiter", "LocalLimiter", "PacingBackend", "MemoryPacing", "StoreLimiter"}
+    assert parts | {"LimiterStats", "PoolStats"} <= set(asyncsubs.limiting.__all__)
+    assert not parts & set(asyncsubs.__all__)
+    assert len(asyncsubs.__all__) <= 25

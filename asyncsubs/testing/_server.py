@@ -54,7 +54,6 @@ from ._webhook_sender import WebhookSender
 
 __all__ = [
     "DEFAULT_INCREMENTAL_PARAM",
-    "DEFAULT_VERSION",
     "FakeAdminServer",
     "Latency",
     "RequestRecord",
