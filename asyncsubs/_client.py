@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -14,7 +13,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from ._config import Limits, RetryPolicy
+from ._config import Limits, RetryPolicy, positive_int, positive_number
 from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
@@ -94,20 +93,10 @@ class AdminClient:
         self.retry: Final = RetryPolicy() if retry is None else retry
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self.timeout: Final = float(timeout)
+        self.timeout: Final = positive_number("timeout (seconds)", timeout)
         if session is not None and not isinstance(session, aiohttp.ClientSession):
             raise ConfigError("session must be an aiohttp.ClientSession")
-        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
-            raise ConfigError("max_response_bytes must be an int")
-        if max_response_bytes <= 0:
-            raise ConfigError("max_response_bytes must be positive")
+        positive_int("max_response_bytes", max_response_bytes)
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
+from ._config import positive_int
 from ._converter import structure_records, structurer_for
 from ._models import Page
 from ._protocol import PageEnvelope
@@ -37,14 +38,6 @@ DEFAULT_PREFETCH: Final = 1
 #: Empty pages in a row (each claiming that more records follow) before a pull gives up: 250,000
 #: records of a filtered scan without a match at 250 a page.
 DEFAULT_MAX_EMPTY_PAGES: Final = 1_000
-
-
-def _check_page_size(page_size: object) -> int | None:
-    if page_size is None:
-        return None
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
-        raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
-    return page_size
 
 
 def _check_params(params: object) -> dict[str, Any]:
@@ -230,7 +223,7 @@ class ListEndpoint(Generic[T]):
         return ListCall(
             self._fetch_page,
             self.path,
-            page_size=_check_page_size(page_size),
+            page_size=None if page_size is None else positive_int("page_size", page_size),
             after_cursor=after_cursor,
             params=_check_params(params),
             structure=structurer_for(self.model if model is None else model),

@@ -52,7 +52,6 @@ __all__ = [
 DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 USER_AGENT: Final = f"asyncsubs/{__version__}"
-SUCCESS_CODE: Final = "SUCCESS"
 _VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
 _LOOPBACK_HOSTS: Final = frozenset({"localhost", "::1"})
 _SCHEME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")

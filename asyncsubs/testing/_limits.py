@@ -24,7 +24,7 @@ __all__ = [
     "ServerPoolStats",
     "ServerRateLimits",
     "StoreCounters",
-    "StoreLimiter",
+    "StoreWindows",
     "StoreStats",
     "Window",
 ]
@@ -262,7 +262,7 @@ class _PoolCounter:
         return ServerPoolStats(self.accepted, self.rejected, tuple(self.starts))
 
 
-class StoreLimiter:
+class StoreWindows:
     """Mutable window state of one store's pools (counting lives in ``StoreCounters``)."""
 
     def __init__(self, limits: ServerRateLimits) -> None:
