@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import math
+import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, TypeVar
 
 import aiohttp
 
-from . import _retry
-from ._config import Limits, RetryPolicy
+from ._config import Limits, RetryPolicy, positive_int, positive_number
 from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
+    DEFAULT_VERSION,
     USER_AGENT,
     PageEnvelope,
     RawResponse,
@@ -29,25 +29,23 @@ from ._protocol import (
     clean_path,
     parse_page,
     parse_response,
-    parse_retry_after,
     request_headers,
     versioned_base,
 )
+from ._retry import pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._transport import AiohttpTransport, Transport
-from .errors import ConfigError
+from .errors import AsyncSubsError, ConfigError, RateLimitError
 
 __all__ = ["AdminClient"]
 
 T = TypeVar("T")
+log = logging.getLogger("asyncsubs.retry")
 
 TOKEN_ENV: Final = "ASYNCSUBS_TOKEN"
 BASE_URL_ENV: Final = "ASYNCSUBS_BASE_URL"
-DEFAULT_VERSION: Final = "2026-04"
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
-#: The longest pause a Retry-After may put a pool in (seconds); requests fail fast meanwhile.
-MAX_PAUSE: Final = 86_400.0
 
 
 def store_fingerprint(base: str, token: str) -> str:
@@ -95,20 +93,10 @@ class AdminClient:
         self.retry: Final = RetryPolicy() if retry is None else retry
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self.timeout: Final = float(timeout)
+        self.timeout: Final = positive_number("timeout (seconds)", timeout)
         if session is not None and not isinstance(session, aiohttp.ClientSession):
             raise ConfigError("session must be an aiohttp.ClientSession")
-        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
-            raise ConfigError("max_response_bytes must be an int")
-        if max_response_bytes <= 0:
-            raise ConfigError("max_response_bytes must be positive")
+        positive_int("max_response_bytes", max_response_bytes)
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport
@@ -121,10 +109,12 @@ class AdminClient:
         # belong to it, and another loop would meet them with RuntimeErrors.
         self._loop: asyncio.AbstractEventLoop | None = None
         self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
-            self, "subscriptions", Subscription
+            self._get_page, "subscriptions", Subscription
         )
-        self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(self, "customers", Customer)
-        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self, "orders", Order)
+        self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(
+            self._get_page, "customers", Customer
+        )
+        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self._get_page, "orders", Order)
 
     def __repr__(self) -> str:
         return f"<AdminClient store={self.store!r} base={self._base!r}>"
@@ -137,7 +127,7 @@ class AdminClient:
     def list_endpoint(self, path: str, *, model: type[Any] = dict) -> ListEndpoint[Any]:
         """Another list endpoint with the same pagination contract; records are dicts unless
         ``model`` says otherwise."""
-        return ListEndpoint(self, clean_path(path), model)
+        return ListEndpoint(self._get_page, clean_path(path), model)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -206,6 +196,9 @@ class AdminClient:
         json: Any,
         parse: Callable[[str, str, RawResponse], T],
     ) -> T:
+        """The request path, and its one retry loop: attempts until one succeeds or the
+        policy (``_retry.retry_delay``) gives up, which re-raises the last error with
+        ``attempts`` set on it."""
         if self._closed:
             raise ConfigError("the client is closed")
         loop = asyncio.get_running_loop()
@@ -228,10 +221,29 @@ class AdminClient:
         )
         limiter = self._bound_limiter()
         pool = self.limits.pool_for(method, path)
-        # Arguments, not a closure: a closure's cells are objects the garbage collector scans
-        # for as long as the request waits (see _retry.call_with_retries).
-        attempt = functools.partial(self._attempt, request, limiter, pool, parse)
-        return await _retry.call_with_retries(self.retry, request, attempt)
+        started = time.monotonic()
+        attempt = 1
+        while True:
+            try:
+                return await self._attempt(request, limiter, pool, parse, attempt)
+            except AsyncSubsError as exc:  # anything else (cancellation) is never retried
+                exc.attempts = attempt
+                delay = retry_delay(self.retry, request, exc, attempt, time.monotonic() - started)
+                if delay is None:
+                    raise
+                log.debug(
+                    "%s %s: attempt %d failed (%s); retrying in %.3fs",
+                    request.method,
+                    request.path,
+                    attempt,
+                    type(exc).__name__,
+                    delay,
+                    extra={"error": exc},  # the whole error, for handlers that show why (the CLI)
+                )
+            if delay > 0:
+                await asyncio.sleep(delay)
+            attempt += 1
+            limiter.record_retry(pool)
 
     async def _attempt(
         self,
@@ -241,31 +253,35 @@ class AdminClient:
         parse: Callable[[str, str, RawResponse], T],
         number: int,
     ) -> T:
-        """Attempt ``number`` (from 1) at sending ``request``."""
-        if number > 1:
-            limiter.record_retry(pool)
+        """Attempt ``number`` (from 1): a paced start, the transport, the protocol."""
         async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
             if self._closed:  # aclose() ran while this request waited: no new session
                 raise ConfigError("the client was closed while this request waited")
             raw = await self._transport.send(request, timeout=self.timeout)
-        retry_after = (
-            parse_retry_after(raw.headers.get("retry-after")) if raw.status == 429 else None
-        )
+        try:
+            result = parse(request.method, request.path, raw)
+        except AsyncSubsError as exc:
+            self._heed_limits(limiter, slot, raw, exc, number)
+            raise
+        self._heed_limits(limiter, slot, raw, None, number)
+        return result
+
+    def _heed_limits(
+        self,
+        limiter: StoreLimiter,
+        slot: Slot,
+        raw: RawResponse,
+        error: AsyncSubsError | None,
+        attempt: int,
+    ) -> None:
+        """What a response tells the limiter; the one place a 429 is handled.
+
+        The whole pool waits out the server's Retry-After (a backoff when it sent none); a
+        request that would wait longer than ``max_retry_after`` fails fast in the limiter."""
+        retry_after = error.retry_after if isinstance(error, RateLimitError) else None
         server_limit = parse_server_limit(raw.headers)
         if server_limit is not None:
-            hold = retry_after is None and _retry.waiting_enabled()  # Retry-After rules
-            limiter.server_limit(pool, server_limit, hold=hold)
-        if raw.status == 429:
-            self._rate_limited(limiter, slot, retry_after, number)
-        return parse(request.method, request.path, raw)
-
-    def _rate_limited(
-        self, limiter: StoreLimiter, slot: Slot, retry_after: float | None, attempt: int
-    ) -> None:
-        # The whole pool waits out the server's Retry-After (a backoff when it sent none); a
-        # request that would wait longer than max_retry_after fails fast in the limiter instead.
-        if retry_after is None:
-            seconds = _retry.backoff_seconds(self.retry, attempt)
-        else:
-            seconds = min(retry_after, MAX_PAUSE)
-        limiter.rate_limited(slot, seconds if _retry.waiting_enabled() else None)
+            hold = retry_after is None and waiting_enabled()  # a Retry-After rules
+            limiter.server_limit(slot.pool, server_limit, hold=hold)
+        if isinstance(error, RateLimitError):
+            limiter.rate_limited(slot, pause_after_429(self.retry, retry_after, attempt))

@@ -15,10 +15,20 @@ import attrs
 from ._frozen import FrozenMap
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_HEAVY", "Limits", "Rate", "RetryPolicy"]
+__all__ = [
+    "DEFAULT_HEAVY",
+    "Limits",
+    "PoolSplit",
+    "Rate",
+    "RetryPolicy",
+    "positive_int",
+    "positive_number",
+]
 
 
-def _positive_number(name: str, value: Any) -> float:
+def positive_number(name: str, value: Any) -> float:
+    """``value`` as a float when it is a positive finite number; else ConfigError naming ``name``.
+    The one check of the package's numeric settings (seconds, sizes, rates)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
@@ -26,7 +36,8 @@ def _positive_number(name: str, value: Any) -> float:
     return float(value)
 
 
-def _positive_int(name: str, value: Any) -> int:
+def positive_int(name: str, value: Any) -> int:
+    """``value`` when it is an int > 0 (not a bool); else ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive int, got {value!r}")
     return value
@@ -44,8 +55,8 @@ class Rate:
     per: float = 1.0
 
     def __attrs_post_init__(self) -> None:
-        _positive_int("Rate.n", self.n)
-        object.__setattr__(self, "per", _positive_number("Rate.per", self.per))
+        positive_int("Rate.n", self.n)
+        object.__setattr__(self, "per", positive_number("Rate.per", self.per))
 
     @property
     def interval(self) -> float:
@@ -87,22 +98,36 @@ def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
     return FrozenMap(frozen)
 
 
-def heavy_pool_for(heavy: Mapping[str, Rate], method: str, path: str) -> str:
-    """The pool a request draws on: a heavy path for GETs of a heavy list, else "global".
+class PoolSplit:
+    """How requests split into pools: a GET of exactly a heavy path (a list endpoint) draws only
+    on that path's isolated pool, everything else on "global". Shared by the client's ``Limits``
+    and the fake server's ``ServerRateLimits``, so both split alike."""
 
-    Shared by the client's Limits and the fake server's limits, so both split alike."""
-    if method == "GET":
-        key = path.strip("/")
-        if key in heavy:
-            return key
-    return "global"
+    __slots__ = ()
+    global_rate: Rate
+    heavy: Mapping[str, Rate]
+
+    def pool_for(self, method: str, path: str) -> str:
+        """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
+        if method == "GET":
+            key = path.strip("/")
+            if key in self.heavy:
+                return key
+        return "global"
+
+    def rate_for(self, pool: str) -> Rate:
+        return self.global_rate if pool == "global" else self.heavy[pool]
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return ("global", *self.heavy)
 
 
 _SERVER_LIMITS = ("lower", "follow", "ignore")
 
 
 @attrs.frozen
-class Limits:
+class Limits(PoolSplit):
     """Per-store request budgets, and how close to them to pace.
 
     - ``global_rate``: the shared pool for every request that is not a heavy list request.
@@ -131,7 +156,7 @@ class Limits:
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.global_rate, Rate):
             raise ConfigError(f"Limits.global_rate must be a Rate, got {self.global_rate!r}")
-        _positive_int("Limits.max_in_flight", self.max_in_flight)
+        positive_int("Limits.max_in_flight", self.max_in_flight)
         for name in ("safety_margin", "max_margin", "start_margin"):
             margin = getattr(self, name)
             if (
@@ -147,17 +172,6 @@ class Limits:
                 f"Limits.server_limits must be one of {', '.join(_SERVER_LIMITS)},"
                 f" got {self.server_limits!r}"
             )
-
-    def pool_for(self, method: str, path: str) -> str:
-        """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
-        return heavy_pool_for(self.heavy, method, path)
-
-    def rate_for(self, pool: str) -> Rate:
-        return self.global_rate if pool == "global" else self.heavy[pool]
-
-    @property
-    def pools(self) -> tuple[str, ...]:
-        return ("global", *self.heavy)
 
 
 #: Statuses that are retried by default: the request was not (or need not have been) processed.
@@ -189,10 +203,10 @@ class RetryPolicy:
     retry_non_idempotent: bool = False
 
     def __attrs_post_init__(self) -> None:
-        _positive_int("RetryPolicy.max_attempts", self.max_attempts)
+        positive_int("RetryPolicy.max_attempts", self.max_attempts)
         for name in ("backoff_initial", "backoff_max", "max_total", "max_retry_after"):
             object.__setattr__(
-                self, name, _positive_number(f"RetryPolicy.{name}", getattr(self, name))
+                self, name, positive_number(f"RetryPolicy.{name}", getattr(self, name))
             )
         if self.backoff_max < self.backoff_initial:
             raise ConfigError("RetryPolicy.backoff_max must be >= backoff_initial")

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
+from ._config import positive_int
 from ._converter import structure_records, structurer_for
 from ._models import Page
+from ._protocol import PageEnvelope
 from .errors import ConfigError, ProtocolError
 
-if TYPE_CHECKING:
-    from ._client import AdminClient
-
-__all__ = ["ListCall", "ListEndpoint"]
+__all__ = ["FetchPage", "ListCall", "ListEndpoint"]
 
 T = TypeVar("T")
+#: Fetches one page: ``GET path`` with the query; the client's rate-limited, retried request.
+FetchPage: TypeAlias = Callable[[str, Mapping[str, Any]], Awaitable[PageEnvelope]]
 PAGE_SIZE: Final = "pageSize"
 AFTER_CURSOR: Final = "afterCursor"
 #: Pages fetched ahead of the consumer by default: overlaps one network wait with the caller's
@@ -37,14 +38,6 @@ DEFAULT_PREFETCH: Final = 1
 #: Empty pages in a row (each claiming that more records follow) before a pull gives up: 250,000
 #: records of a filtered scan without a match at 250 a page.
 DEFAULT_MAX_EMPTY_PAGES: Final = 1_000
-
-
-def _check_page_size(page_size: object) -> int | None:
-    if page_size is None:
-        return None
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
-        raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
-    return page_size
 
 
 def _check_params(params: object) -> dict[str, Any]:
@@ -72,7 +65,7 @@ class ListCall(Generic[T]):
 
     def __init__(
         self,
-        client: AdminClient,
+        fetch_page: FetchPage,
         path: str,
         *,
         page_size: int | None,
@@ -84,7 +77,7 @@ class ListCall(Generic[T]):
     ) -> None:
         self._prefetch = prefetch
         self._max_empty_pages = max_empty_pages
-        self._client = client
+        self._fetch_page = fetch_page
         self._path = path
         self._page_size = page_size
         self._after_cursor = after_cursor
@@ -150,7 +143,7 @@ class ListCall(Generic[T]):
                 query[AFTER_CURSOR] = cursor
             if credits is not None:
                 await credits.acquire()
-            envelope = await self._client._get_page(self._path, query)
+            envelope = await self._fetch_page(self._path, query)
             next_cursor = envelope.next_cursor if envelope.has_next_page else None
             if next_cursor is not None:
                 # Checked before the page is yielded, so the caller's last checkpoint
@@ -194,8 +187,8 @@ class ListCall(Generic[T]):
 class ListEndpoint(Generic[T]):
     """A list endpoint of the admin interface, e.g. ``client.subscriptions``."""
 
-    def __init__(self, client: AdminClient, path: str, model: type[T] | Any) -> None:
-        self._client = client
+    def __init__(self, fetch_page: FetchPage, path: str, model: type[T] | Any) -> None:
+        self._fetch_page = fetch_page
         self.path = path
         self.model = model
 
@@ -228,9 +221,9 @@ class ListEndpoint(Generic[T]):
         if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
             raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
         return ListCall(
-            self._client,
+            self._fetch_page,
             self.path,
-            page_size=_check_page_size(page_size),
+            page_size=None if page_size is None else positive_int("page_size", page_size),
             after_cursor=after_cursor,
             params=_check_params(params),
             structure=structurer_for(self.model if model is None else model),

@@ -35,6 +35,7 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_VERSION",
     "PageEnvelope",
     "RawResponse",
     "Request",
@@ -47,9 +48,10 @@ __all__ = [
     "versioned_base",
 ]
 
+#: The interface version this client implements (the path's ``/admin/{version}/``).
+DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 USER_AGENT: Final = f"asyncsubs/{__version__}"
-SUCCESS_CODE: Final = "SUCCESS"
 _VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
 _LOOPBACK_HOSTS: Final = frozenset({"localhost", "::1"})
 _SCHEME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")

@@ -371,8 +371,8 @@ def test_progress_rich_without_rich_exits_2_with_the_install_hint(
 def test_interrupted_run_shows_interrupted_in_the_live_tables_last_frame(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from asyncsubs.cli._app import CommandFailed, run_async
     from asyncsubs.cli._progress import Tracker
+    from asyncsubs.cli._running import CommandFailed, run_async
 
     pytest.importorskip("rich")
     stream = io.StringIO()
@@ -545,7 +545,7 @@ def test_first_sync_of_a_fresh_fake_server_draws_no_429s(tmp_path: Path) -> None
 
 
 def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncsubs.cli._app import event_loop_factory
+    from asyncsubs.cli._running import event_loop_factory
 
     uvloop = pytest.importorskip("uvloop")
     assert event_loop_factory() is uvloop.new_event_loop

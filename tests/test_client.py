@@ -421,6 +421,18 @@ async def test_stats_count_requests_and_429s(
     assert orders.retries == 1
 
 
+async def test_a_rate_limited_code_in_a_200_answer_is_a_429(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    # Whatever its status, a rate-limit answer is counted and pauses the pool like a 429,
+    # instead of being retried at once.
+    server.enqueue(200, {"success": False, "code": "RATE_LIMITED"})
+    async with make_client() as client:
+        await ids_of(client.orders.list(page_size=250))
+        orders = client.stats.pools["orders"]
+    assert (orders.rate_limited, orders.retries) == (1, 1)
+
+
 def test_stats_before_any_request_outside_a_loop() -> None:
     """Binding the store's limiter needs the running loop; before the first request there is
     nothing to count, so the stats are zeros rather than an error."""

@@ -332,7 +332,7 @@ async def test_sender_signs_every_delivery_and_drops_deterministically(sink: Any
         sender = await server.deliver_webhooks(target.url, SECRET, drop_fraction=0.3, seed=4)
         await server.mutator("acme", clock=stepping_clock()).run(steps=80)
         await sender.join()
-        await server.close()
+        await server.aclose()
         outcomes.append([(d.event_id, d.outcome) for d in sender.deliveries])
         stats = sender.stats
         assert stats.delivered + stats.dropped == stats.events
@@ -403,7 +403,7 @@ async def test_pending_deliveries_are_abandoned_when_the_server_closes(sink: Any
     sender = await server.deliver_webhooks(target.url, SECRET, drop_fraction=0.0)
     await server.mutator("acme", clock=stepping_clock()).run(steps=5)
     await target.entered.wait()
-    await server.close()
+    await server.aclose()
     stats = sender.stats
     assert stats.abandoned == stats.events >= 5
     assert server.store("acme").listeners == []

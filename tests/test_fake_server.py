@@ -697,7 +697,7 @@ async def test_fault_slow_outlasts_client_timeout(session: aiohttp.ClientSession
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=0.1)):
             pass
     started = time.perf_counter()
-    await server.close()
+    await server.aclose()
     assert time.perf_counter() - started < 5  # close() does not wait the 60 s out
     assert server.fault_counts["slow"] == 1
 

@@ -24,18 +24,19 @@ import pytest
 from asyncsubs import AdminClient
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, SLOWDOWN_STEP, Jitter, Slowdown
 from asyncsubs._config import Limits, Rate
-from asyncsubs._limiter import (
-    Limiter,
-    LocalLimiter,
-    MemoryPacing,
-    Slot,
-    StoreLimiter,
-    default_limiter,
-)
+from asyncsubs._limiter import default_limiter
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
-from asyncsubs._stats import LimiterStats, PoolStats
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
+from asyncsubs.limiting import (
+    Limiter,
+    LimiterStats,
+    LocalLimiter,
+    MemoryPacing,
+    PoolStats,
+    Slot,
+    StoreLimiter,
+)
 
 EPS = 1e-9
 

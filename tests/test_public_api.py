@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import re
+import sys
+import tomllib
+import types
+from pathlib import Path
+
 import attrs
 import pytest
 
@@ -99,3 +107,48 @@ def test_webhooks_namespace_is_explicit_and_sorted() -> None:
     # adds "@py_..." globals to the package it loads its plugin from.)
     public = {name for name in vars(webhooks) if name.isidentifier() and name[0] != "_"}
     assert public == set(webhooks.__all__)
+
+
+@pytest.mark.parametrize("name", ["asyncsubs", "asyncsubs.limiting", "asyncsubs.testing"])
+def test_namespaces_are_explicit_and_sorted(name: str) -> None:
+    module = importlib.import_module(name)
+    assert module.__all__ == sorted(module.__all__, key=lambda n: (n.startswith("_"), n))
+    subpackages = {"cli", "errors", "limiting", "redis", "testing", "webhooks"}
+    public = {
+        n
+        for n, value in vars(module).items()
+        if n.isidentifier() and n[0] != "_" and not isinstance(value, types.ModuleType)
+    }
+    assert public <= set(module.__all__) | subpackages
+
+
+def test_the_limiters_parts_live_in_asyncsubs_limiting() -> None:
+    # The top level holds what users of the client need; backend authors import the rest.
+    import asyncsubs.limiting
+
+    parts = {"Limiter", "LocalLimiter", "PacingBackend", "MemoryPacing", "StoreLimiter"}
+    assert parts | {"LimiterStats", "PoolStats"} <= set(asyncsubs.limiting.__all__)
+    assert not parts & set(asyncsubs.__all__)
+    assert len(asyncsubs.__all__) <= 25
+
+
+def test_every_runtime_dependency_is_imported_and_every_import_declared() -> None:
+    root = Path(asyncsubs.__file__).parent
+    project = tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        # "pytest-asyncio>=0.23" -> "pytest_asyncio", the name it is imported by
+        return {re.split(r"[^A-Za-z0-9_.-]", r)[0].lower().replace("-", "_") for r in requirements}
+
+    runtime = names(project["dependencies"])
+    extras = set().union(*(names(reqs) for reqs in project["optional-dependencies"].values()))
+    imported = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"asyncsubs"}
+    assert runtime <= third_party, "declared but never imported"
+    assert third_party <= runtime | extras, "imported but not declared"

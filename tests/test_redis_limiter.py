@@ -31,9 +31,9 @@ from redis_fixtures import (  # noqa: F401 - the fixtures register by their name
 )
 
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy
-from asyncsubs._limiter import PacingBackend
 from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
+from asyncsubs.limiting import PacingBackend
 from asyncsubs.redis import RedisLimiter, RedisPacing
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits
 

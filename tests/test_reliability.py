@@ -335,7 +335,7 @@ def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
         check()
     finally:
         loop.run_until_complete(client.aclose())
-        loop.run_until_complete(server.close())
+        loop.run_until_complete(server.aclose())
         loop.close()
 
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncsubs import AdminClient, Limits, Rate, errors
-from asyncsubs._limiter import LocalLimiter
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit, parse_server_limit
+from asyncsubs.limiting import LocalLimiter
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits, set_waiting
 
 NOW = 1_700_000_000.0  # a Unix time, for epoch resets

@@ -259,7 +259,7 @@ async def test_upserts_keep_the_newest_version_and_deleted_ids_stay_deleted(
         assert await db.upsert_record("globex", "subscriptions", new)
         assert await db.upsert_record("acme", "orders", new)
     finally:
-        await db.close()
+        await db.aclose()
 
 
 async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ async def started(session: aiohttp.ClientSession) -> AsyncIterator[Start]:
 
     yield start
     for receiver in receivers:
-        await receiver.close(timeout=1.0)
+        await receiver.aclose(timeout=1.0)
 
 
 # --- signatures ---------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
         assert await post(event_body("f"), iso_stamp, iso_stamp) == 200
         await receiver.join()
     finally:
-        await receiver.close()
+        await receiver.aclose()
     assert [e.id for e in handler.events] == ["a", "f"]
 
 
@@ -510,7 +510,7 @@ async def test_sqlite_dead_letters(started: Start, tmp_path: Path) -> None:
     assert [x.event_id for x in letters] == ["a", "b"]
     assert await store.remove("a") == 1
     assert [x.event_id for x in await store.all()] == ["b"]
-    await store.close()
+    await store.aclose()
 
 
 async def test_close_dead_letters_what_was_accepted_but_not_handled(started: Start) -> None:
@@ -519,7 +519,7 @@ async def test_close_dead_letters_what_was_accepted_but_not_handled(started: Sta
     await post(event_body("stuck"))
     await post(event_body("queued"))
     await handler.entered.wait()
-    await receiver.close(timeout=0.01)
+    await receiver.aclose(timeout=0.01)
     letters = {x.event_id: x for x in await receiver.dead_letters.all()}
     assert set(letters) == {"stuck", "queued"}
     assert letters["stuck"].error == "receiver closed while the event was being handled"
@@ -708,7 +708,7 @@ async def test_end_to_end_lossy_webhooks_then_one_reconciliation_pull(
 
             # (3) one incremental pull from before the changes began reconciles everything.
             pulled = await replica.pull(client, {"updatedAtMin": since})
-            await receiver.close()
+            await receiver.aclose()
         assert replica.tables == state(server, "acme")
         assert 0 < pulled < total  # only what changed, not whole lists
         assert set(mutator.counts) >= {"subscription_action", "order_create", "customer_create"}
@@ -735,7 +735,7 @@ async def test_end_to_end_deletes_via_webhooks(fast_limits: Limits) -> None:
         await mutator.run(steps=150)
         await sender.join()
         await receiver.join()
-        await receiver.close()
+        await receiver.aclose()
         assert mutator.counts["subscription_delete"] > 10
         assert replica.tables == state(server, "acme")
         assert sender.stats.delivered == sender.stats.events

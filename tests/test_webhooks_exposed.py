@@ -123,8 +123,8 @@ async def test_sigkill_after_acknowledging_loses_nothing_with_an_inbox(tmp_path:
         assert sorted(handler.ids) == sorted(accepted)  # each exactly once
         assert await inbox.pending("acme") == []  # pruned once handled
     finally:
-        await receiver.close()
-        await inbox.close()
+        await receiver.aclose()
+        await inbox.aclose()
 
 
 async def test_an_inbox_that_cannot_be_written_answers_503_and_nothing_is_acknowledged(
@@ -150,8 +150,8 @@ async def test_an_inbox_that_cannot_be_written_answers_503_and_nothing_is_acknow
         await receiver.join()
         assert handler.ids == ["e1"]
     finally:
-        await receiver.close()
-        await inbox.close()
+        await receiver.aclose()
+        await inbox.aclose()
 
 
 async def test_close_leaves_unfinished_events_in_the_inbox_for_the_next_start(
@@ -173,7 +173,7 @@ async def test_close_leaves_unfinished_events_in_the_inbox_for_the_next_start(
             body = body_of(event_id)
             async with session.post(url, data=body, headers=signed(body)) as resp:
                 assert resp.status == 200
-    await receiver.close(timeout=0.01)
+    await receiver.aclose(timeout=0.01)
     assert await dead.all() == []  # not dead letters: still to do
     assert [e.event_id for e in await inbox.pending("")] == ["a", "b"]
 
@@ -183,8 +183,8 @@ async def test_close_leaves_unfinished_events_in_the_inbox_for_the_next_start(
         await again.join()
     assert handler.ids == ["a", "b"]
     assert await inbox.pending("") == []
-    await inbox.close()
-    await dead.close()
+    await inbox.aclose()
+    await dead.aclose()
 
 
 async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
@@ -214,8 +214,8 @@ async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
         assert await receiver.requeue_dead_letters(max_attempts=4) == 0  # bound reached
     assert len(calls) == 4
     assert await inbox.pending("acme") == []
-    await inbox.close()
-    await dead.close()
+    await inbox.aclose()
+    await dead.aclose()
 
 
 # --- the listener --------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ async def guarded() -> AsyncIterator[tuple[WebhookReceiver, str, int]]:
     url = await receiver.listen(limits=limits)
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     yield receiver, url, port
-    await receiver.close(timeout=1.0)
+    await receiver.aclose(timeout=1.0)
 
 
 async def _open(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -367,8 +367,8 @@ async def test_a_dead_letter_that_cannot_be_saved_stays_in_the_inbox(tmp_path: P
     stats = receiver.stats
     assert (stats.dead_lettered, stats.unsaved, stats.unfinished) == (0, 0, 1)
     assert [e.event_id for e in await inbox.pending("")] == ["kept"]  # not lost
-    await inbox.close()
-    await dead.close()
+    await inbox.aclose()
+    await dead.aclose()
 
 
 async def test_concurrent_inbox_writes_share_commits_and_fail_together(tmp_path: Path) -> None:
@@ -400,4 +400,4 @@ async def test_concurrent_inbox_writes_share_commits_and_fail_together(tmp_path:
     assert all(isinstance(r, sqlite3.IntegrityError) for r in results), results
     assert "y" not in {e.event_id for e in await inbox.pending("acme")}
     assert await inbox.add(InboxEntry("acme", "y", b"{}", 0.0)) is True  # alone, it is fine
-    await inbox.close()
+    await inbox.aclose()

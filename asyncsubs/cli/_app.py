@@ -8,30 +8,25 @@ Errors are one line each, without a traceback unless ``--debug``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
 import re
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any
 from urllib.parse import urlsplit
 
-from .. import _json
-from .._client import BASE_URL_ENV, TOKEN_ENV, AdminClient
-from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
-from .._pagination import DEFAULT_PREFETCH
-from .._version import __version__
+from .. import AdminClient, Limits, Rate, RetryPolicy, __version__, _json
+from .._client import BASE_URL_ENV, TOKEN_ENV
+from .._protocol import DEFAULT_VERSION
 from ..errors import AsyncSubsError, ConfigError
 from ._checkpoint import PullCheckpoint
 from ._config_file import (
     DEFAULT_PAGE_SIZE,
-    DEFAULT_VERSION,
     RESOURCES,
     ConfigFileError,
     StoreConfig,
@@ -40,86 +35,45 @@ from ._config_file import (
     parse_db_url,
     parse_rate,
 )
+from ._demo import add_demo_parsers
 from ._listen import DEFAULT_RECONCILE_EVERY, add_dead_letters_parser, parse_listen, run_listen
 from ._lock import hold_database
 from ._progress import (
     DEFAULT_PLAIN_INTERVAL,
     Mode,
     Tracker,
-    capture_retries,
     choose_mode,
     plural,
     print_table,
-    show_progress,
     utc_now,
+)
+from ._running import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    PROG,
+    CommandFailed,
+    display_mode,
+    error,
+    json_lines,
+    note,
+    positive_float,
+    positive_int,
+    raise_failures,
+    run_async,
+    set_json_lines,
 )
 from ._sync import DEFAULT_MAX_STORES, DatabaseError, count_rows, describe_error, run_sync
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_INTERRUPTED: Final = 130
-EXIT_TERMINATED: Final = 143
-PROG: Final = "asyncsubs"
 log = logging.getLogger("asyncsubs.cli")
-
-
-class CommandFailed(Exception):
-    """A command failed in a way already described by ``lines``; exit with ``code``."""
-
-    def __init__(self, lines: Sequence[str], code: int = EXIT_FAILURE) -> None:
-        super().__init__("; ".join(lines))
-        self.lines = tuple(lines)
-        self.code = code
-
-
-#: ``--log-format json`` for the command running now: errors and notes as JSON lines too.
-_json_lines = False
-
-
-def _say(level: str, message: str) -> None:
-    if _json_lines:
-        record = {"time": utc_now(), "level": level, "event": level, "message": message}
-        text = _json.dumps(record).decode()
-    else:
-        text = f"{PROG}: error: {message}" if level == "error" else f"{PROG}: {message}"
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-
-def error(message: str) -> None:
-    _say("error", message)
-
-
-def note(message: str) -> None:
-    _say("note", message)
 
 
 # ---------------------------------------------------------------------------------------------
 # Parsing
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _rate(text: str) -> Rate:
@@ -179,7 +133,7 @@ def _output_options() -> _Parser:
     )
     group.add_argument(
         "--progress-interval",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_PLAIN_INTERVAL,
         metavar="SECONDS",
         help="seconds between plain progress lines",
@@ -204,8 +158,6 @@ def _output_options() -> _Parser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ._demo import add_demo_parsers
-
     parser = _Parser(
         prog=PROG,
         description="Pull from or sync the subscription service's admin interface.",
@@ -235,13 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--store", help="rate-limit identity of the store (default: derived)")
     pull.add_argument(
         "--page-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_PAGE_SIZE,
         metavar="N",
         help="records per request (the server may clamp it)",
     )
     pull.add_argument("--after-cursor", metavar="C", help="resume after this cursor")
-    pull.add_argument("--limit", type=_positive_int, metavar="N", help="stop after N records")
+    pull.add_argument("--limit", type=positive_int, metavar="N", help="stop after N records")
     pull.add_argument(
         "-o",
         "--output",
@@ -268,9 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
         "conservative 1/s)",
     )
     pull.add_argument("--api-version", default=DEFAULT_VERSION, metavar="V", help="path version")
-    pull.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per attempt")
+    pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
     pull.add_argument(
-        "--max-attempts", type=_positive_int, default=6, metavar="N", help="attempts per request"
+        "--max-attempts", type=positive_int, default=6, metavar="N", help="attempts per request"
     )
     pull.set_defaults(handler=cmd_pull)
 
@@ -296,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sync.add_argument(
         "--max-stores",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_STORES,
         metavar="N",
         help="stores synced at once",
@@ -318,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listen.add_argument(
         "--reconcile-every",
-        type=_positive_float,
+        type=positive_float,
         metavar="SECONDS",
         help="seconds between reconciliation pulls with --listen "
         f"(default: {DEFAULT_RECONCILE_EVERY:g})",
@@ -332,61 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------------
 # Running
-
-
-def run_async(
-    coro_factory: Callable[[], Awaitable[None]],
-    tracker: Tracker,
-    mode: Mode,
-    interval: float,
-) -> None:
-    """Run a command's coroutine with progress shown; Ctrl-C and SIGTERM raise CommandFailed
-    after the coroutine's own cleanup ran."""
-
-    async def body() -> None:
-        # SIGTERM (a scheduler stopping the job) ends the command like Ctrl-C: cleanup runs
-        # and what was committed stays committed.
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        installed = False
-        if task is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-                installed = True
-        try:
-            async with show_progress(tracker, mode, interval=interval):
-                try:
-                    await coro_factory()
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    # Before the display's last refresh, so it shows them as interrupted.
-                    tracker.interrupt_running()
-                    raise
-        finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGTERM)
-
-    try:
-        with capture_retries(tracker), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(body())
-    except KeyboardInterrupt:
-        tracker.interrupt_running()
-        raise CommandFailed([], EXIT_INTERRUPTED) from None
-    except asyncio.CancelledError:
-        tracker.interrupt_running()
-        raise CommandFailed([], EXIT_TERMINATED) from None
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (the `uvloop` extra), else asyncio's.
-
-    ``ASYNCSUBS_LOOP=asyncio`` forces the standard loop (e.g. to compare, or to debug)."""
-    if os.environ.get("ASYNCSUBS_LOOP", "auto") == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -407,7 +304,7 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--base-url: {exc}") from None
     limits = None
     if args.rate is not None:
-        limits = Limits(heavy={**DEFAULT_HEAVY, args.resource: args.rate})
+        limits = Limits(heavy={**Limits().heavy, args.resource: args.rate})
     return {
         "limits": limits,
         "token": token,
@@ -502,12 +399,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
             tracker.start(row, client, resumed=checkpoint is not None, resumed_records=before)
             written = before
             try:
+                # With --limit, a page fetched ahead would likely be thrown away.
+                ahead: dict[str, Any] = {} if args.limit is None else {"prefetch": 0}
                 call = getattr(client, args.resource).list(
-                    page_size=args.page_size,
-                    after_cursor=resume["cursor"],
-                    model=dict,
-                    # With --limit, a page fetched ahead would likely be thrown away.
-                    prefetch=0 if args.limit is not None else DEFAULT_PREFETCH,
+                    page_size=args.page_size, after_cursor=resume["cursor"], model=dict, **ahead
                 )
                 if args.limit is not None and written >= args.limit:
                     resume["cursor"] = None
@@ -539,7 +434,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                 row.freeze_stats()
             tracker.finish(row)
 
-    mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
+    mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
     if mode == "rich" and opened is None and sys.stdout.isatty():
         mode = "plain"  # records go to the same terminal: a live table would garble them
     try:
@@ -582,14 +477,6 @@ def _how_to_continue(args: argparse.Namespace, cursor: str | None) -> str:
     if args.output is not None:
         return "rerun the same command to continue (--restart starts over)"
     return f"resume with --after-cursor {cursor}"
-
-
-def _force(args: argparse.Namespace) -> str | None:
-    if args.log_format == "json":
-        return "json"
-    if args.debug:
-        return "plain"  # log lines and a live table do not mix
-    return None if args.progress == "auto" else str(args.progress)
 
 
 def sync_summary(
@@ -714,7 +601,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Path) -> int:
     tracker = Tracker(verbose=args.verbose)
-    mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
+    mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
     started = time.monotonic()
     if args.listen is not None:
         return _listen(args, configs, db_path, tracker, mode)
@@ -735,15 +622,6 @@ def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Pat
         sync_summary(tracker, time.monotonic() - started, db_path, stream=sys.stdout)
     raise_failures(tracker, mode)
     return EXIT_OK
-
-
-def raise_failures(tracker: Tracker, mode: Mode) -> None:
-    """CommandFailed (exit 1) when any (store, resource) failed, with one line each, unless
-    the plain display already printed each failure as a line of its own."""
-    failed = tracker.failed
-    if failed:
-        lines = [f"store {row.store}, {row.resource}: {row.error}" for row in failed]
-        raise CommandFailed([] if mode in ("plain", "json") else lines)
 
 
 class _MessageLog(logging.Handler):
@@ -847,13 +725,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler
-    global _json_lines
-    _json_lines = getattr(args, "log_format", "text") == "json"
+    set_json_lines(getattr(args, "log_format", "text") == "json")
     try:
         with _debug_logging(args.debug):
             return _run(handler, args)
     finally:
-        _json_lines = False
+        set_json_lines(False)
 
 
 class _JsonLogFormatter(logging.Formatter):
@@ -880,7 +757,7 @@ def _debug_logging(enabled: bool) -> Iterator[None]:
         return
     logger = logging.getLogger("asyncsubs")
     handler = logging.StreamHandler(sys.stderr)
-    if _json_lines:
+    if json_lines():
         handler.setFormatter(_JsonLogFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

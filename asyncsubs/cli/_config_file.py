@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .._config import DEFAULT_HEAVY, Limits, Rate, RetryPolicy
-from .._protocol import check_token, is_loopback, versioned_base
+from .. import Limits, Rate, RetryPolicy
+from .._protocol import DEFAULT_VERSION, check_token, is_loopback, versioned_base
 from ..errors import ConfigError
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
 
 #: The list endpoints ``sync`` knows how to store (one table each).
 RESOURCES: Final = ("subscriptions", "customers", "orders")
-DEFAULT_VERSION: Final = "2026-04"
 #: Records per request unless configured. The heavy list pools allow a request or two per
 #: second, so records per request is what makes a pull fast: 250 is the fake server's largest
 #: page, and a server with a smaller maximum clamps pageSize (the interface names none).
@@ -372,7 +371,7 @@ def _options(
 def _merged_limits(defaults: Mapping[str, Any], store: Mapping[str, Any]) -> Limits:
     # A store's limits override the defaults key by key; heavy pools merge path by path.
     kwargs = {**defaults, **store}
-    kwargs["heavy"] = {**DEFAULT_HEAVY, **defaults.get("heavy", {}), **store.get("heavy", {})}
+    kwargs["heavy"] = {**Limits().heavy, **defaults.get("heavy", {}), **store.get("heavy", {})}
     return Limits(**kwargs)
 
 

@@ -20,11 +20,12 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from .._config import Limits, Rate
+from .. import Limits, Rate
 from ..errors import ConfigError
 from ._config_file import RESOURCES, StoreConfig, parse_db_url
 from ._lock import hold_database
 from ._progress import Tracker, choose_mode, plural, print_table
+from ._running import CommandFailed, display_mode, note, positive_int, raise_failures, run_async
 
 __all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
 
@@ -81,13 +82,6 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected an integer >= 1")
-    return value
-
-
 def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo",
@@ -104,7 +98,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--stores",
-        type=_positive_int,
+        type=positive_int,
         default=len(DEMO_STORES),
         metavar="N",
         help="number of fake stores",
@@ -118,7 +112,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     demo.add_argument("--quick", action="store_true", help="a tenth of the records (a few seconds)")
     demo.add_argument(
         "--page-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEMO_PAGE_SIZE,
         metavar="N",
         help="records per request",
@@ -136,7 +130,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     )
     fake.add_argument("--host", default="127.0.0.1", help="address to listen on")
     fake.add_argument("--port", type=_non_negative_int, default=8080, help="0 = any free port")
-    fake.add_argument("--stores", type=_positive_int, default=2, metavar="N", help="stores")
+    fake.add_argument("--stores", type=positive_int, default=2, metavar="N", help="stores")
     fake.add_argument(
         "--records", type=_non_negative_int, default=1000, metavar="N", help="records per resource"
     )
@@ -206,12 +200,11 @@ class _PoolReport:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
-    from ._app import CommandFailed, _force, note, raise_failures, run_async
     from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
     tracker = Tracker(verbose=args.verbose)
-    mode = choose_mode(sys.stderr, quiet=args.quiet, force=_force(args))
+    mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
     reports: dict[tuple[str, str], _PoolReport] = {}
     started = time.monotonic()
 
@@ -408,7 +401,5 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
-        from ._app import CommandFailed
-
         raise CommandFailed([f"cannot listen on {args.host}:{args.port}: {exc.strerror}"]) from None
     return 0

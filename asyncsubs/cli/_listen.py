@@ -104,7 +104,7 @@ class ListenSync:
             ...
             await engine.pull()                           # a reconciliation pull
 
-    ``close()`` (on leaving the block) stops listening, lets the receivers finish what they
+    ``aclose()`` (on leaving the block) stops listening, lets the receivers finish what they
     accepted (or dead-letter it), then closes the database.
     """
 
@@ -138,7 +138,7 @@ class ListenSync:
         try:
             await self.open()
         except BaseException:
-            await self.close()  # the database's worker thread, if it was started
+            await self.aclose()  # the database's worker thread, if it was started
             raise
         return self
 
@@ -148,7 +148,7 @@ class ListenSync:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.aclose()
 
     async def open(self) -> None:
         for config in self.configs:
@@ -247,23 +247,23 @@ class ListenSync:
         """Wait until every webhook accepted so far is applied or dead-lettered."""
         await asyncio.gather(*(r.join() for r in self.receivers.values()))
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         listener, self._listener = self._listener, None
         try:
             if listener is not None:
                 # Answers the deliveries in progress, then refuses connections.
-                await listener.close()
+                await listener.aclose()
         finally:
             try:
                 # Each finishes its queue into the still-open database; what is left stays in
                 # the inbox for the next start.
-                await asyncio.gather(*(r.close() for r in self.receivers.values()))
+                await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
             finally:
                 try:
-                    await self.inbox.close()
-                    await self.dead_letters.close()
+                    await self.inbox.aclose()
+                    await self.dead_letters.aclose()
                 finally:
-                    await self.db.close()
+                    await self.db.aclose()
 
 
 async def run_listen(
@@ -346,8 +346,8 @@ async def dead_letters(
                 moved += 1
         return letters, moved
     finally:
-        await inbox.close()
-        await dead.close()
+        await inbox.aclose()
+        await dead.aclose()
 
 
 def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:

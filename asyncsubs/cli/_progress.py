@@ -25,12 +25,12 @@ from typing import IO, TYPE_CHECKING, Any, Final, Literal
 import attrs
 import orjson
 
-from .._stats import PoolStats
 from ..errors import ConfigError
+from ..limiting import PoolStats
 from ..webhooks import ReceiverStats
 
 if TYPE_CHECKING:
-    from .._client import AdminClient
+    from .. import AdminClient
 
 __all__ = [
     "Mode",

@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import attrs
 
-from .. import _json
-from .._client import AdminClient
+from .. import AdminClient, _json
+from .._sqlite import SQLiteWorker, connect
 from ..errors import AsyncSubsError, BadRequestError, ProtocolError
 from ._config_file import RESOURCES, Incremental, StoreConfig
 from ._progress import ResourceProgress, Tracker
@@ -231,13 +229,12 @@ class SyncDB:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
+        self._worker = SQLiteWorker("asyncsubs-sqlite")
         self._conn: sqlite3.Connection | None = None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            return await self._worker.run(fn, *args)
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from exc
 
@@ -251,13 +248,8 @@ class SyncDB:
 
     def _open(self) -> None:
         # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn = connect(self.path)  # a page and its cursor are committed together
         try:
-            conn.execute("PRAGMA busy_timeout = 10000")
-            conn.execute("PRAGMA journal_mode = WAL")
-            # WAL + NORMAL: a crash of the process never loses a commit; power loss may roll
-            # back the last ones, but page and cursor always go together.
-            conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             for resource in RESOURCES:
                 conn.execute(_table_sql(resource))
@@ -270,12 +262,12 @@ class SyncDB:
             raise
         self._conn = conn
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._conn is not None:
             # Queued behind any write still running, so that write finishes first.
             with contextlib.suppress(DatabaseError):
                 await self._run(self.conn.close)
-        self._executor.shutdown(wait=True)
+        self._worker.shutdown()
 
     async def load_state(self, store: str, resource: str) -> ResourceState:
         return await self._run(self._load_state, store, resource)
@@ -555,7 +547,7 @@ async def run_sync(
     try:
         await sync_pass(configs, db, tracker, max_stores=max_stores)
     finally:
-        await db.close()
+        await db.aclose()
 
 
 async def sync_pass(

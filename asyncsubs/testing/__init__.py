@@ -10,42 +10,26 @@ can be sent as a signed webhook by a ``WebhookSender`` (``server.deliver_webhook
 so webhook receivers and incremental pulls can be tested end to end on one machine.
 """
 
-from ._data import RESOURCES, SUBSCRIPTION_STATUSES
-from ._faults import FAULT_KINDS, Faults, ScriptedResponse
-from ._limits import DEFAULT_SERVER_HEAVY, ServerPoolStats, ServerRateLimits, StoreStats
-from ._mutations import DEFAULT_MUTATION_WEIGHTS, MUTATION_KINDS, Mutation, Mutator
+from ._faults import Faults, ScriptedResponse
+from ._limits import ServerPoolStats, ServerRateLimits, StoreStats
+from ._mutations import Mutation, Mutator
 from ._process import RemoteFakeServer, run_in_process, serve, serve_forever, serve_in_thread
-from ._server import (
-    DEFAULT_INCREMENTAL_PARAM,
-    DEFAULT_VERSION,
-    FakeAdminServer,
-    Latency,
-    RequestRecord,
-)
-from ._store import DEFAULT_RECORDS, ChangeEvent, FakeStore, FakeStoreConfig, TransitionError
+from ._server import FakeAdminServer, Latency, RequestRecord
+from ._store import ChangeEvent, FakeStore, FakeStoreConfig, TransitionError
 from ._switch import no_waiting, set_waiting
 from ._webhook_sender import WebhookDelivery, WebhookSender, WebhookSenderStats
 
 __all__ = [
     "ChangeEvent",
-    "DEFAULT_INCREMENTAL_PARAM",
-    "DEFAULT_RECORDS",
-    "DEFAULT_SERVER_HEAVY",
-    "DEFAULT_VERSION",
-    "DEFAULT_MUTATION_WEIGHTS",
-    "FAULT_KINDS",
     "FakeAdminServer",
     "FakeStore",
     "FakeStoreConfig",
     "Faults",
     "Latency",
-    "MUTATION_KINDS",
     "Mutation",
     "Mutator",
-    "RESOURCES",
     "RemoteFakeServer",
     "RequestRecord",
-    "SUBSCRIPTION_STATUSES",
     "ScriptedResponse",
     "ServerPoolStats",
     "ServerRateLimits",

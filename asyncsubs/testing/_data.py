@@ -16,11 +16,10 @@ copies. A changed or added record is kept as a dict override and re-serialised.
 from __future__ import annotations
 
 import bisect
-import calendar
 import hashlib
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
 import orjson
@@ -77,10 +76,6 @@ def iso(ts: float) -> str:
     if date is None:
         date = _DATES[days] = time.strftime("%Y-%m-%d", time.gmtime(days * _DAY))
     return date + _HHMM[seconds // 60] + _SSZ[seconds % 60]
-
-
-def parse_iso(text: str) -> int:
-    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _money(cents: int) -> str:
@@ -465,11 +460,6 @@ class RecordSet:
         last = self.record_at(position)
         self._deleted.add(position)
         return last
-
-    def iter_records(self) -> Iterator[dict[str, Any]]:
-        for position in range(len(self.ids)):
-            if position not in self._deleted:
-                yield self.record_at(position)
 
 
 class StoreData:

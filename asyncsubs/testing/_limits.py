@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, Protocol
 
 import attrs
 
-from .._config import Rate, freeze_heavy, heavy_pool_for
+from .._config import PoolSplit, Rate, freeze_heavy
 from .._frozen import FrozenMap
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "ServerPoolStats",
     "ServerRateLimits",
     "StoreCounters",
-    "StoreLimiter",
+    "StoreWindows",
     "StoreStats",
     "Window",
 ]
@@ -51,7 +51,7 @@ def _check_window(_: object, __: attrs.Attribute[str], value: str) -> None:
 
 
 @attrs.frozen(kw_only=True)
-class ServerRateLimits:
+class ServerRateLimits(PoolSplit):
     """The rate limits a fake store enforces.
 
     - ``global_rate``: shared pool for every request that is not a GET of a heavy path.
@@ -83,17 +83,6 @@ class ServerRateLimits:
     @classmethod
     def disabled(cls) -> ServerRateLimits:
         return cls(enabled=False)
-
-    def pool_for(self, method: str, path: str) -> str:
-        """``"global"`` or the heavy path whose isolated pool this request draws on."""
-        return heavy_pool_for(self.heavy, method, path)
-
-    def rate_for(self, pool: str) -> Rate:
-        return self.global_rate if pool == "global" else self.heavy[pool]
-
-    @property
-    def pools(self) -> tuple[str, ...]:
-        return ("global", *self.heavy)
 
 
 class _Window(Protocol):
@@ -273,7 +262,7 @@ class _PoolCounter:
         return ServerPoolStats(self.accepted, self.rejected, tuple(self.starts))
 
 
-class StoreLimiter:
+class StoreWindows:
     """Mutable window state of one store's pools (counting lives in ``StoreCounters``)."""
 
     def __init__(self, limits: ServerRateLimits) -> None:
@@ -282,9 +271,6 @@ class StoreLimiter:
         if limits.enabled:
             cls = _WINDOW_CLASSES[limits.window]
             self._windows = {pool: cls(limits.rate_for(pool)) for pool in limits.pools}
-
-    def pool_for(self, method: str, path: str) -> str:
-        return self.limits.pool_for(method, path)
 
     def acquire(self, pool: str, now: float) -> float | None:
         """None when the request may start (a slot is taken), else seconds until one frees."""

@@ -53,7 +53,7 @@ if pytest_asyncio is not None:
             yield factory
         finally:
             for server in reversed(servers):
-                await server.close()
+                await server.aclose()
 
 else:  # pragma: no cover
 

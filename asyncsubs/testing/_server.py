@@ -31,6 +31,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from .._protocol import DEFAULT_VERSION
 from ._cursor import CursorCodec, InvalidCursor
 from ._data import RESOURCES, SUBSCRIPTION_STATUSES
 from ._faults import (
@@ -56,13 +57,11 @@ from ._webhook_sender import WebhookSender
 
 __all__ = [
     "DEFAULT_INCREMENTAL_PARAM",
-    "DEFAULT_VERSION",
     "FakeAdminServer",
     "Latency",
     "RequestRecord",
 ]
 
-DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 #: The incremental filter of list endpoints: records whose ``updatedAt`` is at or after it.
 DEFAULT_INCREMENTAL_PARAM: Final = "updatedAtMin"
@@ -274,14 +273,14 @@ class FakeAdminServer:
         self._closing = asyncio.Event()
         self.host, self.port = runner.addresses[0][:2]
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Stop serving; in-flight "slow" answers are cut short. Safe to call twice."""
         # Changes and deliveries stop first: nothing is sent for a server that is gone.
         for mutator in self._mutators:
             await mutator.stop()
         senders, self._senders = self._senders, []
         for sender in senders:
-            await sender.close()
+            await sender.aclose()
         runner, self._runner = self._runner, None
         if runner is None:
             return
@@ -294,7 +293,7 @@ class FakeAdminServer:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+        await self.aclose()
 
     @property
     def started(self) -> bool:
@@ -522,7 +521,7 @@ class FakeAdminServer:
                 await asyncio.sleep(ctx.delay)
 
     async def _interruptible_sleep(self, seconds: float) -> None:
-        # Ends early when the server closes, so close() never waits out a "slow" fault.
+        # Ends early when the server closes, so aclose() never waits out a "slow" fault.
         if seconds <= 0:
             return
         if self._closing is None:
@@ -618,17 +617,17 @@ class FakeAdminServer:
                 ctx, scripted.status, scripted.body, content_type=None, headers=scripted.headers
             )
 
-        ctx.pool = pool = store.limiter.pool_for(method, path)
+        ctx.pool = pool = store.windows.limits.pool_for(method, path)
         fault = self._picker.draw(path)
         if fault == "rate_limit_no_retry_after":
             ctx.fault = fault
             store.counters.fault(fault)
             return self._error(ctx, 429, "RATE_LIMITED", "Rate limit exceeded")
-        wait = store.limiter.acquire(pool, ctx.arrival)
-        ctx.rate_headers = store.limiter.headers(pool, ctx.arrival)
+        wait = store.windows.acquire(pool, ctx.arrival)
+        ctx.rate_headers = store.windows.headers(pool, ctx.arrival)
         if wait is not None:
             store.counters.rejected(pool)
-            as_float = store.limiter.limits.retry_after_float
+            as_float = store.windows.limits.retry_after_float
             retry_after = retry_after_header(wait, as_float=as_float)
             message = f"Rate limit exceeded for the {pool} pool; retry after {retry_after} s"
             return self._error(

@@ -20,7 +20,7 @@ import orjson
 
 from .._frozen import FrozenMap
 from ._data import RESOURCES, StoreData, interval_seconds, iso
-from ._limits import ServerRateLimits, StoreCounters, StoreLimiter, StoreStats
+from ._limits import ServerRateLimits, StoreCounters, StoreStats, StoreWindows
 
 __all__ = [
     "DEFAULT_RECORDS",
@@ -178,7 +178,7 @@ class FakeStore:
         counts = {**default_records, **(config.records or {})}
         self.data = StoreData(seed=seed, store=config.name, counts=counts)
         self.counters = StoreCounters(keep_starts=keep_starts)
-        self.limiter = StoreLimiter(rate_limits)
+        self.windows = StoreWindows(rate_limits)
         self.counters.ensure_pools(rate_limits.pools)
         #: Called with a ``ChangeEvent`` after every change (hook for webhooks and the like).
         self.listeners: list[Callable[[ChangeEvent], None]] = []
@@ -191,11 +191,11 @@ class FakeStore:
 
     @property
     def rate_limits(self) -> ServerRateLimits:
-        return self.limiter.limits
+        return self.windows.limits
 
     def set_rate_limits(self, limits: ServerRateLimits) -> None:
         """Replace the limits; windows restart empty, counters are kept."""
-        self.limiter = StoreLimiter(limits)
+        self.windows = StoreWindows(limits)
         self.counters.ensure_pools(limits.pools)
 
     def is_forbidden(self, path: str) -> bool:
@@ -349,4 +349,4 @@ class FakeStore:
 
     def reset_stats(self) -> None:
         self.counters.reset()
-        self.counters.ensure_pools(self.limiter.limits.pools)
+        self.counters.ensure_pools(self.windows.limits.pools)

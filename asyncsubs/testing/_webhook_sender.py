@@ -174,7 +174,7 @@ class WebhookSender:
         """Wait until every event so far is delivered, failed or dropped."""
         await self._queue.join()
 
-    async def close(self, timeout: float = 0.0) -> None:
+    async def aclose(self, timeout: float = 0.0) -> None:
         """Stop listening; wait up to ``timeout`` s for pending deliveries, abandon the rest."""
         for store in list(self._stores):
             self.detach(store)
@@ -199,7 +199,7 @@ class WebhookSender:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+        await self.aclose()
 
     # --- events -------------------------------------------------------------------------------
 

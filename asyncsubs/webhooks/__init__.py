@@ -23,7 +23,7 @@ topics, payloads, delivery rules and signing unspecified; so everything the send
     )
     url = await receiver.listen("0.0.0.0", 8080)   # or receiver.app() / receiver.attach(app)
     ...
-    await receiver.close()        # drains the queue; anything left stays in the inbox
+    await receiver.aclose()        # drains the queue; anything left stays in the inbox
 
 Webhooks can be lost (the sender gives up, the receiver is down): pair them with periodic
 incremental pulls (a list endpoint filtered on ``updatedAt`` from before the previous pull

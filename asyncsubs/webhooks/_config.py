@@ -19,6 +19,7 @@ from typing import Final, Literal
 
 import attrs
 
+from .._config import positive_int, positive_number
 from .._frozen import FrozenMap
 from ..errors import ConfigError
 
@@ -71,18 +72,6 @@ def _header(name: str, value: object, *, optional: bool) -> None:
 def _key(name: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
-
-
-def _positive(name: str, value: object, *, integer: bool = False) -> None:
-    valid = (
-        not isinstance(value, bool)
-        and isinstance(value, int if integer else int | float)
-        and math.isfinite(value)
-        and value > 0
-    )
-    if not valid:
-        kind = "int" if integer else "number"
-        raise ConfigError(f"{name} must be a positive {kind}, got {value!r}")
 
 
 def _aliases(value: object) -> Mapping[str, str]:
@@ -187,9 +176,9 @@ class WebhookConfig:
         if not isinstance(self.signature_prefix, str):
             raise ConfigError("signature_prefix must be a string")
         for name in ("timestamp_tolerance", "dedupe_window"):
-            _positive(name, getattr(self, name))
+            positive_number(name, getattr(self, name))
         for name in ("handler_backoff_initial", "handler_backoff_max"):
-            _positive(name, getattr(self, name))
+            positive_number(name, getattr(self, name))
         if self.handler_backoff_max < self.handler_backoff_initial:
             raise ConfigError("handler_backoff_max must be >= handler_backoff_initial")
         for name in (
@@ -200,7 +189,7 @@ class WebhookConfig:
             "retry_after",
             "max_handler_attempts",
         ):
-            _positive(name, getattr(self, name), integer=True)
+            positive_int(name, getattr(self, name))
 
     @property
     def secrets(self) -> tuple[bytes, ...]:

@@ -19,7 +19,7 @@ from typing import Final, cast
 import attrs
 from aiohttp import web
 
-from ._config import _positive
+from .._config import positive_int, positive_number
 
 __all__ = ["BodyBudget", "GuardedConnection", "Listener", "ListenerLimits", "guarded"]
 
@@ -48,10 +48,10 @@ class ListenerLimits:
     max_buffered_bytes: int = attrs.field(default=32 * 1024 * 1024, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        _positive("read_timeout", self.read_timeout)
-        _positive("idle_timeout", self.idle_timeout)
-        _positive("max_connections", self.max_connections, integer=True)
-        _positive("max_buffered_bytes", self.max_buffered_bytes, integer=True)
+        positive_number("read_timeout", self.read_timeout)
+        positive_number("idle_timeout", self.idle_timeout)
+        positive_int("max_connections", self.max_connections)
+        positive_int("max_buffered_bytes", self.max_buffered_bytes)
 
 
 class BodyBudget:
@@ -158,7 +158,7 @@ class Listener:
         listener = Listener(app, ListenerLimits())
         host, port = await listener.start("0.0.0.0", 8080)   # runs the app's on_startup
         ...
-        await listener.close()                              # and its on_cleanup
+        await listener.aclose()                             # and its on_cleanup
     """
 
     def __init__(self, app: web.Application, limits: ListenerLimits) -> None:
@@ -195,7 +195,7 @@ class Listener:
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Stop accepting, answer the requests in progress, close the connections."""
         server, self._server = self._server, None
         if server is not None:

@@ -236,7 +236,7 @@ class WebhookReceiver:
             self._ensure_workers()
         await self._queue.join()
 
-    async def close(self, timeout: float = 30.0) -> None:
+    async def aclose(self, timeout: float = 30.0) -> None:
         """Stop accepting (503), stop listening, let the workers finish the queue for up to
         ``timeout`` seconds, then stop them. Events still unhandled stay in the inbox for the
         next start, or without one go to the dead letters. Safe to call twice."""
@@ -244,7 +244,7 @@ class WebhookReceiver:
         listener, self._listener = self._listener, None
         if listener is not None:
             # Waits for deliveries being received right now to be answered.
-            await listener.close()
+            await listener.aclose()
         if self._queue.qsize():
             self._ensure_workers()
         if self._workers:
@@ -282,7 +282,7 @@ class WebhookReceiver:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.aclose()
 
     # --- serving ------------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ class WebhookReceiver:
             await self.start()
 
         async def on_cleanup(_: web.Application) -> None:
-            await self.close()
+            await self.aclose()
 
         app.on_startup.append(on_startup)
         app.on_cleanup.append(on_cleanup)
@@ -320,7 +320,7 @@ class WebhookReceiver:
         limits: ListenerLimits | None = None,
     ) -> str:
         """Serve on ``host:port`` (0: a free port) in the running loop, under ``limits``
-        (timeouts and caps for an open port); returns the URL to give the sender. ``close()``
+        (timeouts and caps for an open port); returns the URL to give the sender. ``aclose()``
         stops it."""
         if self._listener is not None:
             raise RuntimeError(f"already listening on {self._url}")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, TypeVar
 
+from .._sqlite import SQLiteWorker, connect
 from ..errors import ConfigError
 
 __all__ = ["SQLiteTable"]
@@ -33,7 +32,7 @@ class SQLiteTable:
         if not table or not set(table) <= _NAME_CHARS or table[0].isdigit():
             raise ConfigError(f"table must be a plain SQL identifier, got {table!r}")
         self.table = table
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-webhooks")
+        self._worker = SQLiteWorker("asyncsubs-webhooks")
         self._own = not isinstance(path_or_conn, sqlite3.Connection)
         self._target = path_or_conn
         self._conn: sqlite3.Connection | None = None
@@ -52,11 +51,7 @@ class SQLiteTable:
             if isinstance(self._target, sqlite3.Connection):
                 conn = self._target
             else:
-                conn = sqlite3.connect(self._target, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA busy_timeout = 10000")
-                conn.execute("PRAGMA journal_mode = WAL")
-                # WAL + NORMAL: a commit survives the process being killed (not a power cut).
-                conn.execute("PRAGMA synchronous = NORMAL")
+                conn = connect(self._target)
             self._create(conn)
             if conn.in_transaction:
                 conn.commit()
@@ -99,18 +94,17 @@ class SQLiteTable:
         return counts
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        return await self._worker.run(fn, *args)
 
     async def open(self) -> None:
         """Create the table now (rather than on first use), so it can be queried at once."""
         await self._run(self._connect)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close the connection if this object opened it, and the worker thread."""
         if self._flushing is not None:
             await asyncio.shield(self._flushing)
         conn, self._conn = self._conn, None
         if conn is not None and self._own:
             await self._run(conn.close)
-        self._executor.shutdown(wait=True)
+        self._worker.shutdown()
