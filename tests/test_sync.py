@@ -525,3 +525,38 @@ def test_second_sync_on_a_database_in_use_exits_2_naming_the_holder(
     assert server.requests == []  # nothing resumed, nothing sent
     assert main(args) == 0  # the lock goes with its holder
     assert_exact(db, server)
+
+
+def test_config_sets_the_pacer_margins_and_server_limits(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        """
+[defaults.limits]
+max_margin = 0.2
+server_limits = "follow"
+
+[stores.a]
+base_url = "https://a.example"
+token_env = "A_TOKEN"
+limits = { start_margin = 0.3, safety_margin = 0.01 }
+
+[stores.b]
+base_url = "https://b.example"
+token_env = "A_TOKEN"
+limits = { safety_margin = 0.5, server_limits = "always" }
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"A_TOKEN": "x"})
+    assert info.value.problems == (
+        "stores.b.limits.server_limits: must be one of lower, follow, ignore, got 'always'",
+    )
+    path.write_text(path.read_text().replace('"always"', '"ignore"'), encoding="utf-8")
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"A_TOKEN": "x"})
+    assert info.value.problems == ("stores.b.limits: max_margin must be >= safety_margin",)
+    path.write_text(path.read_text().replace("0.5", "0.1"), encoding="utf-8")
+    a, b = load_config(path, {"A_TOKEN": "x"})
+    assert (a.limits.safety_margin, a.limits.max_margin, a.limits.start_margin) == (0.01, 0.2, 0.3)
+    assert (a.limits.server_limits, b.limits.server_limits) == ("follow", "ignore")

@@ -58,7 +58,9 @@ _STORE_KEYS: Final = frozenset(
     }
 )
 _DEFAULT_KEYS: Final = _STORE_KEYS - {"base_url", "token_env"}
-_LIMIT_KEYS: Final = frozenset({"global", "heavy", "max_in_flight", "safety_margin"})
+_MARGIN_KEYS: Final = ("safety_margin", "max_margin", "start_margin")
+_LIMIT_KEYS: Final = frozenset({"global", "heavy", "max_in_flight", *_MARGIN_KEYS, "server_limits"})
+_SERVER_LIMITS: Final = ("lower", "follow", "ignore")
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -269,7 +271,7 @@ def _limits(value: object, where: str, problems: _Problems) -> dict[str, Any] | 
     """The ``Limits`` keyword arguments a limits table sets (heavy: only the paths it names),
     or None when something in it is wrong (each problem reported)."""
     try:
-        table = _table(value, "global, heavy, max_in_flight, safety_margin")
+        table = _table(value, ", ".join(sorted(_LIMIT_KEYS)))
     except ConfigError as exc:
         problems.add(where, str(exc))
         return None
@@ -293,8 +295,12 @@ def _limits(value: object, where: str, problems: _Problems) -> dict[str, Any] | 
                 kwargs["heavy"] = heavy
             elif key == "max_in_flight":
                 kwargs["max_in_flight"] = _positive_int(item)
-            elif key == "safety_margin":
-                kwargs["safety_margin"] = _safety_margin(item)
+            elif key in _MARGIN_KEYS:
+                kwargs[key] = _safety_margin(item)
+            elif key == "server_limits":
+                if item not in _SERVER_LIMITS:
+                    raise ConfigError(f"must be one of {', '.join(_SERVER_LIMITS)}, got {item!r}")
+                kwargs[key] = item
             else:
                 problems.unknown(where, key, _LIMIT_KEYS)
         except ConfigError as exc:
@@ -438,6 +444,10 @@ def _store(
             problems.add(origin("webhook_secret_env"), f"environment variable {secret_env} {state}")
         else:
             webhook_secret = env[secret_env]
+
+    margins = {**attrs.asdict(Limits()), **defaults.get("limits", {}), **own.get("limits", {})}
+    if margins["max_margin"] < margins["safety_margin"]:
+        problems.add(key_path(where, "limits"), "max_margin must be >= safety_margin")
 
     if len(problems.lines) > before:
         return None
