@@ -535,11 +535,6 @@ def first_sync_429s(tmp_path: Path, stores: int) -> int:
         return sum(int(event["rate_limited"]) for event in done)
 
 
-@pytest.mark.xfail(
-    reason="a just-started fake server stamps the first pages of 60 heavy pools up to a second"
-    " late; the heavy pools have no light requests to calibrate on (13 of 60 pools drew a 429)",
-    strict=False,
-)
 def test_first_sync_of_a_fresh_fake_server_draws_no_429s(tmp_path: Path) -> None:
     assert first_sync_429s(tmp_path, stores=20) == 0
 

@@ -14,7 +14,7 @@ import gc
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -175,17 +175,17 @@ def _database(url: str | None) -> Iterator[tuple[Path, bool]]:
         yield Path(tmp) / "demo.db", False
 
 
-def _prewarm(server: Any, stores: Sequence[DemoStore]) -> None:
+def _prewarm(server: Any, stores: Iterable[str]) -> None:
     """Generate the fake records up front and exempt them from garbage collection.
 
-    The fake server shares this process and its event loop with the client; generating records
-    lazily, and full collections walking hundreds of thousands of cached objects, would stall
-    the loop for tens of milliseconds and skew request timing in a way a remote server never
-    would.
+    Generated lazily, the first requests to each store would wait for their records to be made
+    (stamped up to a second late with 20 stores, a delay no real server has); full collections
+    walking hundreds of thousands of cached objects would stall the loop for tens of
+    milliseconds, and the demo's client shares that loop.
     """
     for store in stores:
         for resource in RESOURCES:
-            server.records(store.name, resource)
+            server.records(store, resource)
     gc.collect()
     gc.freeze()
 
@@ -227,7 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 latency=DEMO_LATENCY,
                 max_page_size=max(DEMO_PAGE_SIZE, args.page_size),
             )
-            _prewarm(server, stores)
+            _prewarm(server, (s.name for s in stores))
             async with server:
                 configs = [
                     StoreConfig(
@@ -352,6 +352,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     limits = None if args.no_rate_limits else ServerRateLimits()
 
     def ready(server: FakeAdminServer) -> None:
+        _prewarm(server, server.tokens)
         envs = {name: _env_name(name) for name in server.tokens}
         first, first_token = next(iter(server.tokens.items()))
         pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
