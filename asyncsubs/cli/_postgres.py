@@ -256,10 +256,12 @@ class PostgresSink:
         return DatabaseError(f"database {self.where}: {text}")
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _transaction(
+        self, *, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A connection of the pool inside one transaction; psycopg errors as DatabaseError."""
         try:
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._pool.connection(timeout) as conn, conn.transaction():
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
             raise self._error(exc) from None
@@ -414,22 +416,24 @@ class PostgresSink:
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
         """Join the current round of ``units``, or start a new one when every unit of the
-        last is finished (done or failed); True when this call started it."""
+        last is finished (done or failed); True when this call started it (or added units
+        never seen before)."""
         where, arrays = _in_units(units)
         async with self._transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
-            await conn.execute(
+            cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
                 " SELECT s, r, 'pending' FROM unnest(%s::text[], %s::text[]) AS u(s, r)"
                 " ON CONFLICT DO NOTHING",
                 arrays,
             )
+            added = cur.rowcount > 0
             cur = await conn.execute(
                 f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", arrays
             )
             row = await cur.fetchone()
             if row and row[0]:
-                return False
+                return added
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", arrays
             )
@@ -487,8 +491,9 @@ class PostgresSink:
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def release_all(self) -> None:
-        """Give up every lease this worker holds (stopping), so others take them at once."""
-        async with self._transaction() as conn:
+        """Give up every lease this worker holds (stopping), so others take them at once.
+        Not for long: after a database error, the leases may as well expire."""
+        async with self._transaction(timeout=2.0) as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
                 (self.holder,),
