@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 from postgres_fixtures import pg_url_fixture, postgres_server_fixture
+from redis_fixtures import redis_server_fixture
 from test_sync import RESOURCES, STORES, env_name, write_config
 
 from asyncsubs.__main__ import main
@@ -39,7 +40,7 @@ psycopg = __import__("psycopg") if os.environ.get("CI") else pytest.importorskip
 from asyncsubs.cli._postgres import PostgresInbox, PostgresSink  # noqa: E402
 from asyncsubs.webhooks import InboxEntry  # noqa: E402
 
-__all__ = ["pg_url_fixture", "postgres_server_fixture"]
+__all__ = ["pg_url_fixture", "postgres_server_fixture", "redis_server_fixture"]
 
 pytestmark = pytest.mark.postgres
 SYNC_COMMAND = (sys.executable, "-m", "asyncsubs", "sync")
@@ -452,3 +453,84 @@ def test_database_that_goes_away_mid_run_is_a_clear_error_and_nothing_half_writt
     )
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert_exact(pg_url, slow_server)
+
+
+# ---------------------------------------------------------------------------------------------
+# --listen and --redis with many workers
+
+
+async def test_two_listening_workers_converge_on_the_servers_rows(
+    tmp_path: Path, pg_url: str
+) -> None:
+    from test_sync_listen import SECRETS, fake_server, listen_configs, stepping_clock
+
+    from asyncsubs.cli._listen import ListenSync
+
+    async with fake_server(seed=4) as server:
+        configs = listen_configs(tmp_path, server)
+        db = PostgresURL(pg_url)
+        async with (
+            ListenSync(configs, db, Tracker()) as first,
+            ListenSync(configs, db, Tracker()) as second,
+        ):
+            urls = {"acme": (await first.listen("127.0.0.1", 0))["acme"]}
+            urls["globex"] = (await second.listen("127.0.0.1", 0))["globex"]
+            await asyncio.gather(first.pull(), second.pull())  # the initial sync, shared
+            senders = [
+                await server.deliver_webhooks(
+                    urls[store], SECRETS[store], stores=[store], drop_fraction=0.2
+                )
+                for store in ("acme", "globex")
+            ]
+            for store in ("acme", "globex"):
+                mutator = server.mutator(
+                    store, seed=3, weights={"subscription_delete": 1.0}, clock=stepping_clock()
+                )
+                await mutator.run(steps=60)
+            for sender in senders:
+                await sender.join()
+            await first.join()
+            await second.join()
+            # Each worker's receiver applied its store's webhooks to the shared tables.
+            assert first.tracker.webhooks["acme"].applied > 0
+            assert second.tracker.webhooks["globex"].applied > 0
+            assert query(pg_url, "SELECT count(*) FROM webhook_inbox") == [(0,)]
+            await asyncio.gather(first.pull(), second.pull())  # a reconciliation, shared
+        for store in ("acme", "globex"):
+            for resource in RESOURCES:
+                rows = pg_rows(pg_url, resource, store)
+                assert [r[5] for r in rows] == [
+                    orjson.loads(orjson.dumps(rec)) for rec in server.records(store, resource)
+                ]
+
+
+def test_redis_key_paces_every_worker_through_redis(
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: Any,
+) -> None:
+    import redis
+
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    config = write_config(tmp_path, server)
+    config.write_text(config.read_text().replace("[defaults]", f'[defaults]\nredis = "{url}"'))
+    assert main(["sync", "--config", str(config), "--db", pg_url, "--quiet"]) == 0
+    assert_exact(pg_url, server)
+    with contextlib.closing(redis.Redis(port=redis_server.port)) as client:
+        keys = {key.decode() for key in client.keys("asyncsubs:*")}
+    for store in STORES:
+        assert any(key.startswith(f"asyncsubs:{{{store}}}:tat:") for key in keys), keys
+
+
+def test_bad_redis_url_is_a_usage_error_that_does_not_echo_it(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    config = write_config(tmp_path, server)
+    db = str(tmp_path / "subs.db")
+    args = ["sync", "--config", str(config), "--db", db, "--redis", "http://u:pw@host"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--redis: expected a redis://, rediss:// or unix:// URL" in err
+    assert "pw@" not in err
