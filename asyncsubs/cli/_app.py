@@ -295,11 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     sync = commands.add_parser(
         "sync",
         parents=[output],
-        help="sync many stores into SQLite, resumable",
+        help="sync many stores into SQLite or PostgreSQL (many workers), resumable",
         description=(
             "Pull the configured resources of every store in the config file concurrently into "
-            "SQLite. Each page is committed together with its cursor, so a rerun after a crash "
-            "or Ctrl-C resumes where it stopped; a finished resource starts over next time."
+            "SQLite, or PostgreSQL shared by any number of workers running the same command "
+            "(docs/cli.md, Many workers). Each page is committed together with its cursor, so a "
+            "rerun after a crash or Ctrl-C resumes where it stopped; a finished resource starts "
+            "over next time."
         ),
     )
     sync.add_argument("--config", required=True, metavar="FILE", help="stores.toml")

@@ -1,4 +1,6 @@
-"""Resumable multi-store sync into SQLite.
+"""Resumable multi-store sync into a ``Sink``: SQLite here (``SyncDB``, the embedded default),
+PostgreSQL in ``_postgres`` (shared by many workers, see ``_workers``), with the same tables
+and rules. This docstring describes SQLite's.
 
 Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key
 ``(store, id)``, the record's JSON as received in ``raw`` plus typed columns for the common
