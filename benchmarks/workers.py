@@ -104,7 +104,7 @@ def main() -> None:
     remote = run_in_process(
         stores=[FakeStoreConfig(s, records=counts) for s in stores],
         latency=(0.01, 0.03),
-        record_requests=False,
+        request_log_size=0,
     )
     try:
         with tempfile.TemporaryDirectory() as tmp:
