@@ -534,3 +534,24 @@ def test_bad_redis_url_is_a_usage_error_that_does_not_echo_it(
     err = capsys.readouterr().err
     assert "--redis: expected a redis://, rediss:// or unix:// URL" in err
     assert "pw@" not in err
+
+
+async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, capsys: Any) -> None:
+    from asyncsubs.cli._listen import dead_letters
+    from asyncsubs.cli._postgres import PostgresDeadLetters
+    from asyncsubs.webhooks import DeadLetter
+
+    sink = PostgresSink(pg_url)
+    await sink.open()
+    try:
+        letter = DeadLetter("e1", "orders/update", b"{}", "boom", 3, 1_700_000_000.0, "acme")
+        await PostgresDeadLetters(sink).add(letter)
+        assert await PostgresDeadLetters(sink).all() == [letter]
+    finally:
+        await sink.close()
+    letters, moved = await dead_letters(PostgresURL(pg_url), requeue=True)
+    assert (letters, moved) == ([letter], 1)
+    assert query(pg_url, "SELECT store, event_id, attempts FROM webhook_inbox") == [
+        ("acme", "e1", 0)
+    ]
+    assert query(pg_url, "SELECT count(*) FROM webhook_dead_letters") == [(0,)]

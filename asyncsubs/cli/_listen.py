@@ -50,7 +50,7 @@ from ..webhooks import (
     WebhookEvent,
     WebhookReceiver,
 )
-from ._config_file import PostgresURL, StoreConfig, parse_sqlite_url
+from ._config_file import PostgresURL, StoreConfig, parse_db_url
 from ._progress import Tracker, print_table
 from ._sync import (
     DEFAULT_LEASE,
@@ -394,7 +394,9 @@ def add_dead_letters_parser(commands: Any) -> None:
             "next start of sync --listen to apply (restart a running one)."
         ),
     )
-    parser.add_argument("--db", required=True, metavar="URL", help="sqlite:///path.db")
+    parser.add_argument(
+        "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://..."
+    )
     parser.add_argument(
         "--store", action="append", metavar="ID", help="only this store's (repeatable)"
     )
@@ -403,33 +405,50 @@ def add_dead_letters_parser(commands: Any) -> None:
 
 
 async def dead_letters(
-    db_path: Path, *, stores: Sequence[str] | None = None, requeue: bool = False
+    db: Path | PostgresURL, *, stores: Sequence[str] | None = None, requeue: bool = False
 ) -> tuple[list[DeadLetter], int]:
     """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
     with ``requeue`` (letters without a store, from before they named one, stay)."""
-    dead = SQLiteDeadLetters(db_path)
-    inbox = SQLiteInbox(db_path)
+    if isinstance(db, PostgresURL):
+        from ._postgres import PostgresDeadLetters, PostgresInbox, PostgresSink
+
+        sink = PostgresSink(db.url)
+        await sink.open()
+        try:
+            return await _dead_letters(
+                PostgresDeadLetters(sink), PostgresInbox(sink), stores, requeue
+            )
+        finally:
+            await sink.close()
+    dead = SQLiteDeadLetters(db)
+    inbox = SQLiteInbox(db)
     try:
-        letters = [x for x in await dead.all() if stores is None or x.store in stores]
-        moved = 0
-        if requeue:
-            for letter in letters:
-                if letter.store is None:
-                    continue
-                # Attempts start over: requeueing by hand says the cause is fixed.
-                await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
-                await dead.remove(letter.event_id)
-                moved += 1
-        return letters, moved
+        return await _dead_letters(dead, inbox, stores, requeue)
     finally:
         await inbox.close()
         await dead.close()
 
 
+async def _dead_letters(
+    dead: DeadLetterStore, inbox: Inbox, stores: Sequence[str] | None, requeue: bool
+) -> tuple[list[DeadLetter], int]:
+    letters = [x for x in await dead.all() if stores is None or x.store in stores]
+    moved = 0
+    if requeue:
+        for letter in letters:
+            if letter.store is None:
+                continue
+            # Attempts start over: requeueing by hand says the cause is fixed.
+            await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+            await dead.remove(letter.event_id)
+            moved += 1
+    return letters, moved
+
+
 def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:
     stream = stream or sys.stdout
-    db_path = parse_sqlite_url(args.db, what="dead-letters")
-    if not db_path.is_file():
+    db_path = parse_db_url(args.db)
+    if isinstance(db_path, Path) and not db_path.is_file():
         raise ConfigError(f"--db: {db_path} does not exist")
     letters, moved = asyncio.run(dead_letters(db_path, stores=args.store, requeue=args.requeue))
     rows = [
@@ -443,7 +462,8 @@ def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None)
         ]
         for letter in letters
     ]
-    footer = [f"{len(letters)} dead letters in {db_path} (table webhook_dead_letters)"]
+    where = db_path if isinstance(db_path, Path) else db_path.where
+    footer = [f"{len(letters)} dead letters in {where} (table webhook_dead_letters)"]
     if args.requeue:
         footer.append(
             f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"

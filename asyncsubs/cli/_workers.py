@@ -106,8 +106,9 @@ async def run_workers(
         store, resource = unit
         config = by_store[store]
         row = tracker.add(store, resource)  # the progress shows the units held here
-        client = clients.acquire(config)
+        client: AdminClient | None = None
         try:
+            client = clients.acquire(config)
             await _sync_resource(client, config, resource, sink, tracker, row)
         except LeaseLostError:
             tracker.note(row, "lease lost to another worker (this one was too slow); stopped")
@@ -123,7 +124,8 @@ async def run_workers(
             row.freeze_stats()
             running.pop(unit, None)
             slots.release()
-            await clients.release(store)
+            if client is not None:
+                await clients.release(store)
 
     async def heartbeat() -> None:
         while True:
