@@ -304,7 +304,10 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
         (["pull", "orders", "--base-url", "http://x.example", "--token", "t"], "plain http://"),
         (["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--limit", "0"], ""),
         (["sync", "--config", "missing.toml", "--db", "x.db"], "cannot read the config file"),
-        (["sync", "--config", "missing.toml", "--db", "mysql://h/db"], "only SQLite"),
+        (
+            ["sync", "--config", "missing.toml", "--db", "mysql://h/db"],
+            "or PostgreSQL (postgresql://",
+        ),
         (
             ["pull", "orders", "--base-url", "http://[::1:19100", "--token", "t"],
             "asyncsubs: error: --base-url: not a valid URL (Invalid IPv6 URL): ",

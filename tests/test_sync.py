@@ -25,7 +25,13 @@ import orjson
 import pytest
 
 from asyncsubs.__main__ import main
-from asyncsubs.cli._config_file import ConfigFileError, load_config, parse_db_url, parse_rate
+from asyncsubs.cli._config_file import (
+    ConfigFileError,
+    PostgresURL,
+    load_config,
+    parse_db_url,
+    parse_rate,
+)
 from asyncsubs.cli._lock import hold_database
 from asyncsubs.cli._progress import Tracker, _live_row, _PlainDisplay
 from asyncsubs.errors import ConfigError
@@ -447,7 +453,9 @@ def test_db_urls() -> None:
     assert parse_db_url("sqlite:///subs.db") == Path("subs.db")
     assert parse_db_url("sqlite:////tmp/subs.db") == Path("/tmp/subs.db")
     assert parse_db_url("plain/path.db") == Path("plain/path.db")
-    for bad in ("postgresql://host/db", "sqlite:///", "sqlite:///:memory:"):
+    assert parse_db_url("postgresql://u:pw@host/db") == PostgresURL("postgresql://u:pw@host/db")
+    assert PostgresURL("postgres://u:pw@host:5433/db").where == "postgres://u@host:5433/db"
+    for bad in ("mysql://host/db", "sqlite:///", "sqlite:///:memory:"):
         with pytest.raises(ConfigError):
             parse_db_url(bad)
 

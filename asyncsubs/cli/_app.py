@@ -8,6 +8,8 @@ Errors are one line each, without a traceback unless ``--debug``.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -15,10 +17,12 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+import attrs
 
 from .. import AdminClient, Limits, Rate, RetryPolicy, __version__, _json
 from .._client import BASE_URL_ENV, TOKEN_ENV
@@ -29,8 +33,10 @@ from ._config_file import (
     DEFAULT_PAGE_SIZE,
     RESOURCES,
     ConfigFileError,
+    PostgresURL,
     StoreConfig,
     check_base_url,
+    check_redis_url,
     load_config,
     parse_db_url,
     parse_rate,
@@ -65,7 +71,20 @@ from ._running import (
     run_async,
     set_json_lines,
 )
-from ._sync import DEFAULT_MAX_STORES, DatabaseError, count_rows, describe_error, run_sync
+from ._sync import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_STORES,
+    DatabaseError,
+    count_rows,
+    describe_error,
+    redis_limiters,
+    run_sync,
+)
+from ._workers import run_workers
+
+if TYPE_CHECKING:
+    from ..limiting import Limiter
+    from ._postgres import PostgresSink, UnitStatus
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -229,16 +248,36 @@ def build_parser() -> argparse.ArgumentParser:
     sync = commands.add_parser(
         "sync",
         parents=[output],
-        help="sync many stores into SQLite, resumable",
+        help="sync many stores into SQLite or PostgreSQL (many workers), resumable",
         description=(
             "Pull the configured resources of every store in the config file concurrently into "
-            "SQLite. Each page is committed together with its cursor, so a rerun after a crash "
-            "or Ctrl-C resumes where it stopped; a finished resource starts over next time."
+            "SQLite, or PostgreSQL shared by any number of workers running the same command "
+            "(docs/cli.md, Many workers). Each page is committed together with its cursor, so a "
+            "rerun after a crash or Ctrl-C resumes where it stopped; a finished resource starts "
+            "over next time."
         ),
     )
     sync.add_argument("--config", required=True, metavar="FILE", help="stores.toml")
     sync.add_argument(
-        "--db", required=True, metavar="URL", help="sqlite:///path.db (or a plain path)"
+        "--db",
+        required=True,
+        metavar="URL",
+        help="sqlite:///path.db (or a plain path), or postgresql://user@host:port/db to share "
+        "the work with every other worker running the same command on that database",
+    )
+    sync.add_argument(
+        "--redis",
+        metavar="URL",
+        help="pace every store through RedisLimiter on this Redis (redis://host:6379/0), so "
+        "its budget holds across workers (or the config key redis)",
+    )
+    sync.add_argument(
+        "--lease",
+        type=positive_float,
+        default=DEFAULT_LEASE,
+        metavar="SECONDS",
+        help="with PostgreSQL: how long a unit stays claimed by a worker that stopped "
+        "renewing it (killed, lost) before another worker takes it over",
     )
     sync.add_argument(
         "--resources",
@@ -276,6 +315,18 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_RECONCILE_EVERY:g})",
     )
     sync.set_defaults(handler=cmd_sync)
+
+    status = commands.add_parser(
+        "sync-status",
+        help="every unit of a PostgreSQL sync: state, holder, records, cursor age",
+        description=(
+            "Show every (store, resource) of a sync database shared by workers: its state in "
+            "the current round, the worker holding it and its lease, the records and pages of "
+            "its run, and how long ago its cursor was committed."
+        ),
+    )
+    status.add_argument("--db", required=True, metavar="URL", help="postgresql://user@host/db")
+    status.set_defaults(handler=cmd_sync_status, debug=False)
 
     add_demo_parsers(commands, output)
     add_dead_letters_parser(commands)
@@ -482,12 +533,14 @@ def _how_to_continue(args: argparse.Namespace, cursor: str | None) -> str:
 def sync_summary(
     tracker: Tracker,
     elapsed: float,
-    db: Path,
+    db: Path | PostgresURL,
     *,
     stream: IO[str],
     passes: int | None = None,
 ) -> None:
-    count_rows(tracker, db)
+    if isinstance(db, Path):
+        count_rows(tracker, db)
+    where = db if isinstance(db, Path) else db.where
     rows = []
     for row in tracker.rows.values():
         stats = row.pool_stats()
@@ -507,11 +560,11 @@ def sync_summary(
         )
     stores = plural(len({row.store for row in tracker.rows.values()}), "store")
     if passes is None:
-        done = f"{plural(tracker.records, 'record')} from {stores} in {elapsed:.1f}s into {db}"
+        done = f"{plural(tracker.records, 'record')} from {stores} in {elapsed:.1f}s into {where}"
     else:  # --listen: the rows show the last pull; the total counts every one
         done = (
             f"{plural(tracker.pulled, 'record')} pulled in {plural(passes, 'run')} from "
-            f"{stores} in {elapsed:.1f}s into {db}; the rows show the last run"
+            f"{stores} in {elapsed:.1f}s into {where}; the rows show the last run"
         )
     print_table(
         "sync summary",
@@ -583,11 +636,12 @@ def webhook_summary(tracker: Tracker, *, stream: IO[str]) -> None:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    db_path = parse_db_url(args.db)
-    if not db_path.parent.is_dir():
-        raise ConfigError(f"--db: directory {db_path.parent} does not exist")
+    db = parse_db_url(args.db)
+    if isinstance(db, Path) and not db.parent.is_dir():
+        raise ConfigError(f"--db: directory {db.parent} does not exist")
     if args.listen is None and args.reconcile_every is not None:
         raise ConfigError("--reconcile-every needs --listen")
+    redis = None if args.redis is None else check_redis_url(args.redis, where="--redis")
     configs = load_config(
         Path(args.config),
         os.environ,
@@ -595,33 +649,137 @@ def cmd_sync(args: argparse.Namespace) -> int:
         only_stores=args.store,
         listen=args.listen is not None,
     )
-    with hold_database(db_path):
-        return _sync(args, configs, db_path)
+    if redis is not None:
+        configs = [attrs.evolve(config, redis=redis) for config in configs]
+    if isinstance(db, PostgresURL):
+        # Workers share the database through leases: no lock file, any number may run.
+        return _sync(args, configs, db)
+    with hold_database(db):
+        return _sync(args, configs, db)
 
 
-def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db_path: Path) -> int:
+def _sync(args: argparse.Namespace, configs: Sequence[StoreConfig], db: Path | PostgresURL) -> int:
     tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
     started = time.monotonic()
     if args.listen is not None:
-        return _listen(args, configs, db_path, tracker, mode)
+        return _listen(args, configs, db, tracker, mode)
+
+    async def sync() -> None:
+        async with redis_limiters(configs) as limiters:
+            if isinstance(db, Path):
+                await run_sync(configs, db, tracker, max_stores=args.max_stores, limiters=limiters)
+            else:
+                await run_postgres(
+                    configs,
+                    db,
+                    tracker,
+                    lease=args.lease,
+                    max_stores=args.max_stores,
+                    limiters=limiters,
+                )
+
     try:
-        run_async(
-            lambda: run_sync(configs, db_path, tracker, max_stores=args.max_stores),
-            tracker,
-            mode,
-            args.progress_interval,
-        )
+        run_async(sync, tracker, mode, args.progress_interval)
     except CommandFailed as exc:
         if not args.quiet:
-            sync_summary(tracker, time.monotonic() - started, db_path, stream=sys.stdout)
+            sync_summary(tracker, time.monotonic() - started, db, stream=sys.stdout)
         if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             note("interrupted; every committed page is kept: rerun the same command to resume")
         raise
     if not args.quiet:
-        sync_summary(tracker, time.monotonic() - started, db_path, stream=sys.stdout)
+        sync_summary(tracker, time.monotonic() - started, db, stream=sys.stdout)
     raise_failures(tracker, mode)
     return EXIT_OK
+
+
+async def run_postgres(
+    configs: Sequence[StoreConfig],
+    db: PostgresURL,
+    tracker: Tracker,
+    *,
+    lease: float = DEFAULT_LEASE,
+    max_stores: int = DEFAULT_MAX_STORES,
+    limiters: Mapping[str, Limiter] | None = None,
+) -> None:
+    """This worker's share of a sync into PostgreSQL (see ``_workers``)."""
+    sink = _postgres_sink(db, lease)
+    await sink.open()
+    try:
+        await run_workers(configs, sink, tracker, max_stores=max_stores, limiters=limiters)
+    finally:
+        await sink.aclose()
+
+
+def _postgres_sink(db: PostgresURL, lease: float) -> PostgresSink:
+    try:
+        from ._postgres import PostgresSink
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from None
+    return PostgresSink(db.url, lease=lease)
+
+
+def cmd_sync_status(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:
+    stream = stream or sys.stdout
+    db = parse_db_url(args.db)
+    if not isinstance(db, PostgresURL):
+        raise ConfigError("--db: sync-status reads a PostgreSQL sync database (postgresql://)")
+
+    async def read() -> list[UnitStatus]:
+        sink = _postgres_sink(db, DEFAULT_LEASE)
+        await sink.open()
+        try:
+            return await sink.status()
+        finally:
+            await sink.aclose()
+
+    units = asyncio.run(read())
+    rows = [
+        [
+            unit.store,
+            unit.resource,
+            "running" if unit.holder is not None and unit.state == "pending" else unit.state,
+            unit.holder or "",
+            "" if unit.lease_left is None else f"{unit.lease_left:.0f}s",
+            "" if unit.records is None else f"{unit.records:,}",
+            "" if unit.pages is None else f"{unit.pages:,}",
+            "" if unit.cursor_age is None else _age(unit.cursor_age),
+            unit.error or "",
+        ]
+        for unit in units
+    ]
+    counts = collections.Counter(row[2] for row in rows)
+    print_table(
+        "sync units",
+        [
+            "store",
+            "resource",
+            "state",
+            "holder",
+            "lease",
+            "records",
+            "pages",
+            "cursor age",
+            "error",
+        ],
+        rows,
+        stream=stream,
+        footer=[
+            f"{plural(len(rows), 'unit')} in {db.where}: "
+            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+            + " (records, pages: the unit's current or last run; lease: left before another "
+            "worker may take it over, negative: expired; cursor age: since its last commit)"
+        ],
+    )
+    return EXIT_OK
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 class _MessageLog(logging.Handler):
@@ -661,7 +819,7 @@ def _webhook_log(tracker: Tracker, *, enabled: bool) -> Iterator[None]:
 def _listen(
     args: argparse.Namespace,
     configs: Sequence[StoreConfig],
-    db_path: Path,
+    db_path: Path | PostgresURL,
     tracker: Tracker,
     mode: Mode,
 ) -> int:
@@ -680,6 +838,7 @@ def _listen(
                     port=port,
                     reconcile_every=every,
                     max_stores=args.max_stores,
+                    lease=args.lease,
                 ),
                 tracker,
                 mode,

@@ -31,8 +31,11 @@ __all__ = [
     "check_base_url",
     "key_path",
     "load_config",
+    "PostgresURL",
+    "check_redis_url",
     "parse_db_url",
     "parse_rate",
+    "parse_sqlite_url",
 ]
 
 #: The list endpoints ``sync`` knows how to store (one table each).
@@ -55,6 +58,7 @@ _STORE_KEYS: Final = frozenset(
         "allow_insecure",
         "incremental",
         "webhook_secret_env",
+        "redis",
     }
 )
 _DEFAULT_KEYS: Final = _STORE_KEYS - {"base_url", "token_env"}
@@ -106,6 +110,9 @@ class StoreConfig:
     #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
     webhook_secret: str = attrs.field(default="", repr=False)
     webhook_secret_env: str = ""
+    #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
+    #: budget shared by every worker. May hold a password, hence no repr.
+    redis: str | None = attrs.field(default=None, repr=False)
 
 
 _RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
@@ -142,8 +149,29 @@ def parse_rate(value: object) -> Rate:
     return Rate(n, per=float(per))
 
 
-def parse_db_url(url: str) -> Path:
-    """``sqlite:///relative.db``, ``sqlite:////absolute.db`` (SQLAlchemy style) or a path."""
+@attrs.frozen
+class PostgresURL:
+    """A ``postgresql://`` ``--db``: libpq's URL, passed to psycopg as is (``where``: without
+    the password, for messages)."""
+
+    url: str = attrs.field(repr=False)
+
+    @property
+    def where(self) -> str:
+        try:
+            parts = urlsplit(self.url)
+            user = f"{parts.username}@" if parts.username else ""
+            port = f":{parts.port}" if parts.port else ""
+            return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+        except ValueError:
+            return "<unparsable PostgreSQL URL>"
+
+
+def parse_db_url(url: str) -> Path | PostgresURL:
+    """``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
+    ``sqlite:////absolute.db`` (SQLAlchemy style) or a path."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresURL(url)
     if "://" not in url:
         path = url
     elif url.startswith("sqlite:///"):
@@ -157,12 +185,29 @@ def parse_db_url(url: str) -> Path:
     else:
         scheme = url.split("://", 1)[0]
         raise ConfigError(
-            f"--db: only SQLite is supported (sqlite:///path.db), got a {scheme}:// URL"
+            f"--db: SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
+            f"got a {scheme}:// URL"
         )
     if not path or path == ":memory:":
         # An in-memory database would vanish with the process, defeating resume.
         raise ConfigError(f"--db must name a file, got {url!r}")
     return Path(path)
+
+
+def parse_sqlite_url(url: str, *, what: str) -> Path:
+    """``parse_db_url`` for commands that work on SQLite only (``what`` names the command)."""
+    db = parse_db_url(url)
+    if isinstance(db, PostgresURL):
+        raise ConfigError(f"--db: {what} works on a SQLite database only")
+    return db
+
+
+def check_redis_url(url: object, *, where: str) -> str:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
+    it may hold a password)."""
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"{where}: expected a redis://, rediss:// or unix:// URL")
+    return url
 
 
 def check_base_url(url: str, *, version: str, allow_insecure: bool, insecure_hint: str) -> str:
@@ -342,6 +387,7 @@ _SCALARS: Final[Mapping[str, Any]] = {
     "timeout": _positive_seconds,
     "version": _version,
     "allow_insecure": _boolean,
+    "redis": lambda v: check_redis_url(v, where="redis"),
 }
 
 
@@ -470,6 +516,7 @@ def _store(
         incremental=incremental,
         webhook_secret=webhook_secret,
         webhook_secret_env=secret_env or "",
+        redis=values.get("redis"),
     )
 
 

@@ -22,7 +22,7 @@ import attrs
 
 from .. import Limits, Rate
 from ..errors import ConfigError
-from ._config_file import RESOURCES, StoreConfig, parse_db_url
+from ._config_file import RESOURCES, StoreConfig, parse_sqlite_url
 from ._lock import hold_database
 from ._progress import Tracker, choose_mode, plural, print_table
 from ._running import CommandFailed, display_mode, note, positive_int, raise_failures, run_async
@@ -166,7 +166,7 @@ def demo_stores(count: int, records: int | None, quick: bool) -> list[DemoStore]
 @contextlib.contextmanager
 def _database(url: str | None) -> Iterator[tuple[Path, bool]]:
     if url is not None:
-        path = parse_db_url(url)
+        path = parse_sqlite_url(url, what="demo")
         if not path.parent.is_dir():
             raise ConfigError(f"--db: directory {path.parent} does not exist")
         yield path, True

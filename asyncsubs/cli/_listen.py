@@ -23,20 +23,23 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import orjson
 from aiohttp import web
 
+from .._limiter import Limiter
 from ..errors import ConfigError
 from ..webhooks import (
     DeadLetter,
+    DeadLetterStore,
     Handler,
+    Inbox,
     InboxEntry,
     Listener,
     ListenerLimits,
@@ -47,9 +50,21 @@ from ..webhooks import (
     WebhookEvent,
     WebhookReceiver,
 )
-from ._config_file import StoreConfig, parse_db_url
+from ._config_file import PostgresURL, StoreConfig, parse_db_url
 from ._progress import Tracker, print_table
-from ._sync import DEFAULT_MAX_STORES, SyncDB, describe_error, sync_pass
+from ._sync import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_STORES,
+    Sink,
+    SyncDB,
+    describe_error,
+    redis_limiters,
+    sync_pass,
+)
+from ._workers import run_workers
+
+if TYPE_CHECKING:
+    from ._postgres import PostgresSink
 
 __all__ = [
     "DEFAULT_RECONCILE_EVERY",
@@ -111,21 +126,36 @@ class ListenSync:
     def __init__(
         self,
         configs: Sequence[StoreConfig],
-        db_path: Path,
+        db_path: Path | PostgresURL,
         tracker: Tracker,
         *,
         max_stores: int = DEFAULT_MAX_STORES,
         limits: ListenerLimits | None = None,
+        lease: float = DEFAULT_LEASE,
+        limiters: Mapping[str, Limiter] | None = None,
     ) -> None:
         self.configs = list(configs)
         self.db_path = db_path
         self.tracker = tracker
         self.max_stores = max_stores
-        self.db = SyncDB(db_path)
-        # Their own connections: acknowledging a delivery must not wait for a page's
-        # transaction on the writer thread. One table each for all stores, keyed by store.
-        self.inbox = SQLiteInbox(db_path)
-        self.dead_letters = SQLiteDeadLetters(db_path)
+        self.limiters = limiters
+        self.db: Sink
+        self.inbox: Inbox
+        self.dead_letters: DeadLetterStore
+        self._postgres: PostgresSink | None = None
+        if isinstance(db_path, PostgresURL):
+            from ._postgres import PostgresDeadLetters, PostgresInbox, PostgresSink
+
+            # One pool: an inbox write takes its own connection, never waiting for a page.
+            self.db = self._postgres = PostgresSink(db_path.url, lease=lease)
+            self.inbox = PostgresInbox(self._postgres)
+            self.dead_letters = PostgresDeadLetters(self._postgres)
+        else:
+            self.db = SyncDB(db_path)
+            # Their own connections: acknowledging a delivery must not wait for a page's
+            # transaction on the writer thread. One table each for all stores, keyed by store.
+            self.inbox = SQLiteInbox(db_path)
+            self.dead_letters = SQLiteDeadLetters(db_path)
         self.limits = limits
         self.receivers: dict[str, WebhookReceiver] = {}
         #: Store -> the URL its webhooks are served at, once listening.
@@ -155,9 +185,12 @@ class ListenSync:
             for resource in config.resources:
                 self.tracker.add(config.store, resource)
         await self.db.open()
-        # Both tables exist from the start, so monitoring queries work before the first event.
-        await self.inbox.open()
-        await self.dead_letters.open()
+        # Both tables exist from the start, so monitoring queries work before the first event
+        # (the PostgreSQL sink creates them with its own).
+        if isinstance(self.inbox, SQLiteInbox):
+            await self.inbox.open()
+        if isinstance(self.dead_letters, SQLiteDeadLetters):
+            await self.dead_letters.open()
         for config in self.configs:
             receiver = WebhookReceiver(
                 WebhookConfig(config.webhook_secret),
@@ -241,7 +274,19 @@ class ListenSync:
                 self.tracker.reset(row)
         self.passes += 1
         self.tracker.runs += 1
-        await sync_pass(self.configs, self.db, self.tracker, max_stores=self.max_stores)
+        if self._postgres is not None:
+            # With other workers: each pull is a round they share (see _workers).
+            await run_workers(
+                self.configs,
+                self._postgres,
+                self.tracker,
+                max_stores=self.max_stores,
+                limiters=self.limiters,
+            )
+            return
+        await sync_pass(
+            self.configs, self.db, self.tracker, max_stores=self.max_stores, limiters=self.limiters
+        )
 
     async def join(self) -> None:
         """Wait until every webhook accepted so far is applied or dead-lettered."""
@@ -260,26 +305,57 @@ class ListenSync:
                 await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
             finally:
                 try:
-                    await self.inbox.aclose()
-                    await self.dead_letters.aclose()
+                    if isinstance(self.inbox, SQLiteInbox):
+                        await self.inbox.aclose()
+                    if isinstance(self.dead_letters, SQLiteDeadLetters):
+                        await self.dead_letters.aclose()
                 finally:
                     await self.db.aclose()
 
 
 async def run_listen(
     configs: Sequence[StoreConfig],
-    db_path: Path,
+    db_path: Path | PostgresURL,
     tracker: Tracker,
     *,
     host: str,
     port: int,
     reconcile_every: float = DEFAULT_RECONCILE_EVERY,
     max_stores: int = DEFAULT_MAX_STORES,
+    lease: float = DEFAULT_LEASE,
 ) -> None:
     """Listen for webhooks, run the initial sync, then reconcile every ``reconcile_every``
     seconds, until cancelled (Ctrl-C, SIGTERM); cleanup commits what was done."""
+    async with redis_limiters(configs) as limiters:
+        await _listen_until_cancelled(
+            configs,
+            db_path,
+            tracker,
+            host=host,
+            port=port,
+            reconcile_every=reconcile_every,
+            max_stores=max_stores,
+            lease=lease,
+            limiters=limiters,
+        )
+
+
+async def _listen_until_cancelled(
+    configs: Sequence[StoreConfig],
+    db_path: Path | PostgresURL,
+    tracker: Tracker,
+    *,
+    host: str,
+    port: int,
+    reconcile_every: float,
+    max_stores: int,
+    lease: float,
+    limiters: Mapping[str, Limiter],
+) -> None:
     loop = asyncio.get_running_loop()
-    async with ListenSync(configs, db_path, tracker, max_stores=max_stores) as engine:
+    async with ListenSync(
+        configs, db_path, tracker, max_stores=max_stores, lease=lease, limiters=limiters
+    ) as engine:
         # Listening before the initial sync: changes made while it runs arrive as webhooks
         # rather than being refused (the upsert rule keeps its older pages from winning).
         urls = await engine.listen(host, port)
@@ -318,7 +394,9 @@ def add_dead_letters_parser(commands: Any) -> None:
             "next start of sync --listen to apply (restart a running one)."
         ),
     )
-    parser.add_argument("--db", required=True, metavar="URL", help="sqlite:///path.db")
+    parser.add_argument(
+        "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://..."
+    )
     parser.add_argument(
         "--store", action="append", metavar="ID", help="only this store's (repeatable)"
     )
@@ -327,33 +405,50 @@ def add_dead_letters_parser(commands: Any) -> None:
 
 
 async def dead_letters(
-    db_path: Path, *, stores: Sequence[str] | None = None, requeue: bool = False
+    db: Path | PostgresURL, *, stores: Sequence[str] | None = None, requeue: bool = False
 ) -> tuple[list[DeadLetter], int]:
     """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
     with ``requeue`` (letters without a store, from before they named one, stay)."""
-    dead = SQLiteDeadLetters(db_path)
-    inbox = SQLiteInbox(db_path)
+    if isinstance(db, PostgresURL):
+        from ._postgres import PostgresDeadLetters, PostgresInbox, PostgresSink
+
+        sink = PostgresSink(db.url)
+        await sink.open()
+        try:
+            return await _dead_letters(
+                PostgresDeadLetters(sink), PostgresInbox(sink), stores, requeue
+            )
+        finally:
+            await sink.aclose()
+    dead = SQLiteDeadLetters(db)
+    inbox = SQLiteInbox(db)
     try:
-        letters = [x for x in await dead.all() if stores is None or x.store in stores]
-        moved = 0
-        if requeue:
-            for letter in letters:
-                if letter.store is None:
-                    continue
-                # Attempts start over: requeueing by hand says the cause is fixed.
-                await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
-                await dead.remove(letter.event_id)
-                moved += 1
-        return letters, moved
+        return await _dead_letters(dead, inbox, stores, requeue)
     finally:
         await inbox.aclose()
         await dead.aclose()
 
 
+async def _dead_letters(
+    dead: DeadLetterStore, inbox: Inbox, stores: Sequence[str] | None, requeue: bool
+) -> tuple[list[DeadLetter], int]:
+    letters = [x for x in await dead.all() if stores is None or x.store in stores]
+    moved = 0
+    if requeue:
+        for letter in letters:
+            if letter.store is None:
+                continue
+            # Attempts start over: requeueing by hand says the cause is fixed.
+            await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+            await dead.remove(letter.event_id)
+            moved += 1
+    return letters, moved
+
+
 def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None) -> int:
     stream = stream or sys.stdout
     db_path = parse_db_url(args.db)
-    if not db_path.is_file():
+    if isinstance(db_path, Path) and not db_path.is_file():
         raise ConfigError(f"--db: {db_path} does not exist")
     letters, moved = asyncio.run(dead_letters(db_path, stores=args.store, requeue=args.requeue))
     rows = [
@@ -367,7 +462,8 @@ def cmd_dead_letters(args: argparse.Namespace, *, stream: IO[str] | None = None)
         ]
         for letter in letters
     ]
-    footer = [f"{len(letters)} dead letters in {db_path} (table webhook_dead_letters)"]
+    where = db_path if isinstance(db_path, Path) else db_path.where
+    footer = [f"{len(letters)} dead letters in {where} (table webhook_dead_letters)"]
     if args.requeue:
         footer.append(
             f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"

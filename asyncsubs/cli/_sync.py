@@ -1,4 +1,6 @@
-"""Resumable multi-store sync into SQLite.
+"""Resumable multi-store sync into a ``Sink``: SQLite here (``SyncDB``, the embedded default),
+PostgreSQL in ``_postgres`` (shared by many workers, see ``_workers``), with the same tables
+and rules. This docstring describes SQLite's.
 
 Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key
 ``(store, id)``, the record's JSON as received in ``raw`` plus typed columns for the common
@@ -26,27 +28,37 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
 from .. import AdminClient, _json
 from .._sqlite import SQLiteWorker, connect
-from ..errors import AsyncSubsError, BadRequestError, ProtocolError
+from ..errors import AsyncSubsError, BadRequestError, ConfigError, ProtocolError
+from ..limiting import Limiter
 from ._config_file import RESOURCES, Incremental, StoreConfig
 from ._progress import ResourceProgress, Tracker
 
 __all__ = [
+    "DEFAULT_LEASE",
     "DELETED_TABLE",
     "STATE_TABLE",
     "DatabaseError",
+    "LeaseLostError",
+    "PageWrite",
     "ResourceState",
+    "Sink",
     "SyncDB",
     "count_rows",
+    "make_client",
+    "newer",
+    "record_columns",
+    "redis_limiters",
     "run_sync",
     "sync_pass",
+    "text_value",
 ]
 
 T = TypeVar("T")
@@ -55,6 +67,9 @@ log = logging.getLogger("asyncsubs.cli")
 STATE_TABLE: Final = "asyncsubs_sync_state"
 DELETED_TABLE: Final = "asyncsubs_deleted"
 DEFAULT_MAX_STORES: Final = 32
+#: Seconds a worker's lease on a unit (PostgreSQL) lasts unless a heartbeat or a commit renews
+#: it: how long a killed worker's units wait before another worker takes them over.
+DEFAULT_LEASE: Final = 30.0
 SCHEMA_VERSION: Final = 2
 
 # Typed columns and the record fields they come from (camelCase as the service sends them;
@@ -67,8 +82,13 @@ _COLUMNS: Final = (
 )
 
 
+class LeaseLostError(Exception):
+    """Another worker took this unit over (this one's lease had expired): stop pulling it."""
+
+
 class DatabaseError(AsyncSubsError):
-    """The SQLite database failed (cannot open, disk full, not a database, locked)."""
+    """The sync database failed (SQLite: cannot open, disk full, not a database, locked;
+    PostgreSQL: unreachable, connection lost, refused)."""
 
 
 def _table_sql(resource: str) -> str:
@@ -145,7 +165,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _text(value: Any) -> str | None:
+def text_value(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -156,11 +176,11 @@ def _text(value: Any) -> str | None:
 def _field(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
     for name in names:
         if name in record:
-            return _text(record[name])
+            return text_value(record[name])
     return None
 
 
-def _newer(a: Any, b: Any) -> Any:
+def newer(a: Any, b: Any) -> Any:
     """The larger of two incremental values (numbers with numbers, strings with strings)."""
     if a is None:
         return b
@@ -173,15 +193,14 @@ def _newer(a: Any, b: Any) -> Any:
     return b
 
 
-def _row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
+def record_columns(store: str, record: Mapping[str, Any]) -> tuple[str | None, ...]:
+    """``store``, ``id`` and the typed columns of one record (which has an ``id``)."""
+    return (store, text_value(record["id"]), *(_field(record, names) for _, names in _COLUMNS))
+
+
+def record_row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
     """The upsert's parameters for one record (which has an ``id``)."""
-    return (
-        store,
-        _text(record["id"]),
-        *(_field(record, names) for _, names in _COLUMNS),
-        _json.dumps(record).decode(),
-        now,
-    )
+    return (*record_columns(store, record), _json.dumps(record).decode(), now)
 
 
 def _dump(value: Any) -> str | None:
@@ -224,11 +243,40 @@ class PageWrite:
     incremental_field: str | None
 
 
+class Sink(Protocol):
+    """Where ``sync`` writes: ``SyncDB`` (SQLite, embedded, one writer) or ``PostgresSink``
+    (``_postgres``: shared by many workers). Both keep the same tables and the same rules."""
+
+    #: The database, for messages (never a password).
+    where: str
+
+    async def open(self) -> None:
+        """Connect and create the tables that do not exist yet."""
+
+    async def aclose(self) -> None: ...
+
+    async def load_state(self, store: str, resource: str) -> ResourceState: ...
+
+    async def commit_page(self, write: PageWrite) -> None:
+        """The page's records and the cursor after them, in one transaction."""
+
+    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        """One record (a webhook's) under the pulls' rule; False when the stored row is newer
+        or the id was deleted."""
+        ...
+
+    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
+        """Delete one record and remember its id, so no later write brings it back."""
+
+    async def count(self, store: str, resource: str) -> int: ...
+
+
 class SyncDB:
-    """The sync database: one connection, used only from one worker thread."""
+    """The SQLite sink: one connection, used only from one worker thread."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.where = str(path)
         self._worker = SQLiteWorker("asyncsubs-sqlite")
         self._conn: sqlite3.Connection | None = None
 
@@ -307,8 +355,8 @@ class SyncDB:
                     path=w.resource,
                 )
             if w.incremental_field is not None:
-                page_max = _newer(page_max, record.get(w.incremental_field))
-            rows.append(_row(w.store, record, now))
+                page_max = newer(page_max, record.get(w.incremental_field))
+            rows.append(record_row(w.store, record, now))
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -343,7 +391,7 @@ class SyncDB:
                     _dump(dict(w.run_params)),
                     _dump(w.run_from),
                     _dump(w.run_from if done else old.next_from),
-                    _dump(_newer(old.seen_max, page_max)),
+                    _dump(newer(old.seen_max, page_max)),
                     pages,
                     records,
                     now,
@@ -365,12 +413,12 @@ class SyncDB:
 
     def _upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
         # One statement: its own transaction in autocommit mode.
-        cursor = self.conn.execute(_upsert_sql(resource), _row(store, record, _now()))
+        cursor = self.conn.execute(_upsert_sql(resource), record_row(store, record, _now()))
         return cursor.rowcount > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
         """Delete one record and remember its id, so no later write brings it back."""
-        await self._run(self._delete_record, store, resource, _text(record_id))
+        await self._run(self._delete_record, store, resource, text_value(record_id))
 
     def _delete_record(self, store: str, resource: str, record_id: str) -> None:
         conn = self.conn
@@ -425,7 +473,7 @@ async def _sync_resource(
     client: AdminClient,
     config: StoreConfig,
     resource: str,
-    db: SyncDB,
+    db: Sink,
     tracker: Tracker,
     row: ResourceProgress,
 ) -> None:
@@ -491,9 +539,11 @@ async def _sync_resource(
     tracker.finish(row, rows=await db.count(config.store, resource))
 
 
-async def _sync_store(config: StoreConfig, db: SyncDB, tracker: Tracker) -> None:
-    rows = {resource: tracker.add(config.store, resource) for resource in config.resources}
-    async with AdminClient(
+def make_client(config: StoreConfig, limiters: Mapping[str, Limiter] | None = None) -> AdminClient:
+    """The client of one store; ``limiters``: by Redis URL, the limiter of stores configured
+    to pace through that Redis (``StoreConfig.redis``)."""
+    limiter = None if config.redis is None or limiters is None else limiters[config.redis]
+    return AdminClient(
         token=config.token,
         base_url=config.base_url,
         store=config.store,
@@ -503,7 +553,15 @@ async def _sync_store(config: StoreConfig, db: SyncDB, tracker: Tracker) -> None
         timeout=config.timeout,
         allow_insecure=config.allow_insecure,
         user_agent="asyncsubs-cli",
-    ) as client:
+        limiter=limiter,
+    )
+
+
+async def _sync_store(
+    config: StoreConfig, db: Sink, tracker: Tracker, limiters: Mapping[str, Limiter] | None
+) -> None:
+    rows = {resource: tracker.add(config.store, resource) for resource in config.resources}
+    async with make_client(config, limiters) as client:
 
         async def one(resource: str) -> None:
             row = rows[resource]
@@ -532,6 +590,7 @@ async def run_sync(
     tracker: Tracker,
     *,
     max_stores: int = DEFAULT_MAX_STORES,
+    limiters: Mapping[str, Limiter] | None = None,
 ) -> None:
     """Sync every configured store into ``db_path``, ``max_stores`` stores at a time;
     progress and failures go to ``tracker``.
@@ -545,17 +604,18 @@ async def run_sync(
     db = SyncDB(db_path)
     await db.open()
     try:
-        await sync_pass(configs, db, tracker, max_stores=max_stores)
+        await sync_pass(configs, db, tracker, max_stores=max_stores, limiters=limiters)
     finally:
         await db.aclose()
 
 
 async def sync_pass(
     configs: Sequence[StoreConfig],
-    db: SyncDB,
+    db: Sink,
     tracker: Tracker,
     *,
     max_stores: int = DEFAULT_MAX_STORES,
+    limiters: Mapping[str, Limiter] | None = None,
 ) -> None:
     """One run of every configured (store, resource) into the open ``db``; as ``run_sync``."""
     # Each store holds a few connections; unbounded, hundreds of stores would exhaust file
@@ -564,7 +624,7 @@ async def sync_pass(
 
     async def store_task(config: StoreConfig) -> None:
         async with slots:
-            await _sync_store(config, db, tracker)
+            await _sync_store(config, db, tracker, limiters)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -575,6 +635,27 @@ async def sync_pass(
         raise _first(group_exc) from None
     finally:
         tracker.interrupt_running()
+
+
+@contextlib.asynccontextmanager
+async def redis_limiters(configs: Sequence[StoreConfig]) -> AsyncIterator[dict[str, Limiter]]:
+    """A ``RedisLimiter`` per Redis URL the stores pace through (``redis`` key, ``--redis``),
+    closed on leaving."""
+    urls = sorted({config.redis for config in configs if config.redis is not None})
+    if not urls:
+        yield {}
+        return
+    try:
+        from ..redis import RedisLimiter
+    except ImportError:
+        raise ConfigError("--redis needs redis-py: pip install 'asyncsubs[redis]'") from None
+    limiters: dict[str, Limiter] = {url: RedisLimiter(url) for url in urls}
+    try:
+        yield limiters
+    finally:
+        for limiter in limiters.values():
+            assert isinstance(limiter, RedisLimiter)
+            await limiter.aclose()
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -1,0 +1,645 @@
+"""The PostgreSQL sink: the SQLite sink's tables and rules in a database many workers share.
+
+Tables as in ``_sync`` (``subscriptions``, ``customers``, ``orders``, ``asyncsubs_sync_state``,
+``asyncsubs_deleted``) with PostgreSQL's types (``raw`` JSONB, times ``timestamptz``), the same
+upsert rule (newer-or-equal ``updated_at`` wins, deleted ids never return) and each page
+committed with its cursor in one transaction. Two more tables:
+
+- ``asyncsubs_sync_units``: one row per (store, resource), the unit of work: its state in the
+  current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
+  (``holder``, ``lease_until``). See ``_workers`` for how workers claim and release them.
+- ``webhook_inbox`` and ``webhook_dead_letters``: ``sync --listen``'s durable inbox and dead
+  letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
+
+Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
+connection pool (``psycopg_pool``), ``executemany`` (pipelined: a page's upserts are one round
+trip), JSONB adaptation with orjson, and ``LISTEN``/``NOTIFY`` for waking waiting workers.
+asyncpg would be as fast but brings its own pool and type codecs to learn; psycopg is the
+reference driver, follows libpq's URLs and environment variables (``PGPASSWORD``, ``.pgpass``,
+``sslmode``) exactly, and its errors carry SQLSTATE codes the messages below use.
+
+Every page commit also checks, inside its transaction, that this worker still holds the unit's
+lease (and extends it): a worker that lost its lease (paused past the expiry, then taken over)
+cannot write a page over its successor's, so each unit is written by one worker at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import attrs
+
+from .. import _json
+from ..errors import ProtocolError
+from ..webhooks import DeadLetter, InboxEntry
+from ._config_file import RESOURCES, PostgresURL
+from ._sync import (
+    DEFAULT_LEASE,
+    DELETED_TABLE,
+    STATE_TABLE,
+    DatabaseError,
+    LeaseLostError,
+    PageWrite,
+    ResourceState,
+    newer,
+    record_columns,
+    text_value,
+)
+
+try:
+    import psycopg
+    from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "--db postgresql:// needs psycopg: pip install 'asyncsubs[postgres]'"
+    ) from exc
+
+__all__ = [
+    "UNITS_TABLE",
+    "PostgresDeadLetters",
+    "PostgresInbox",
+    "PostgresSink",
+    "UnitStatus",
+]
+
+UNITS_TABLE: Final = "asyncsubs_sync_units"
+INBOX_TABLE: Final = "webhook_inbox"
+DEAD_LETTER_TABLE: Final = "webhook_dead_letters"
+#: The channel released and finished units are announced on.
+CHANNEL: Final = "asyncsubs_units"
+#: Connections per worker: page commits are short (one pipelined round trip per page), so a
+#: few serve hundreds of units; the LISTEN connection is extra.
+POOL_SIZE: Final = 4
+#: Advisory lock keys: schema creation and the start of a round, serialized across workers.
+_SCHEMA_LOCK: Final = 0x61737562_0001
+_ROUND_LOCK: Final = 0x61737562_0002
+
+
+def _table_sql(resource: str) -> str:
+    return f"""
+        CREATE TABLE IF NOT EXISTS {resource} (
+            store text NOT NULL,
+            id text NOT NULL,
+            status text,
+            customer_id text,
+            created_at text,
+            updated_at text,
+            raw jsonb NOT NULL,
+            synced_at timestamptz NOT NULL,
+            PRIMARY KEY (store, id)
+        )"""
+
+
+_SCHEMA: Final = (
+    *(_table_sql(resource) for resource in RESOURCES),
+    f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
+        store text NOT NULL,
+        resource text NOT NULL,
+        cursor text,
+        done boolean NOT NULL,
+        run_params jsonb,
+        run_from jsonb,
+        next_from jsonb,
+        seen_max jsonb,
+        run_pages integer NOT NULL,
+        run_records bigint NOT NULL,
+        run_started_at timestamptz NOT NULL,
+        run_finished_at timestamptz,
+        updated_at timestamptz NOT NULL,
+        PRIMARY KEY (store, resource)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
+        store text NOT NULL,
+        resource text NOT NULL,
+        id text NOT NULL,
+        deleted_at timestamptz NOT NULL,
+        PRIMARY KEY (store, resource, id)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {UNITS_TABLE} (
+        store text NOT NULL,
+        resource text NOT NULL,
+        state text NOT NULL,            -- pending, done or failed, in the current round
+        holder text,                    -- the worker pulling it (NULL: nobody)
+        lease_until timestamptz,        -- the holder's lease ends then unless renewed
+        claimed_at timestamptz,
+        error text,                     -- why it failed
+        PRIMARY KEY (store, resource)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {INBOX_TABLE} (
+        store text NOT NULL,
+        event_id text NOT NULL,
+        body bytea NOT NULL,
+        received_at timestamptz NOT NULL,
+        attempts integer NOT NULL,
+        PRIMARY KEY (store, event_id)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {DEAD_LETTER_TABLE} (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event_id text NOT NULL,
+        topic text,
+        body bytea NOT NULL,
+        error text NOT NULL,
+        attempts integer NOT NULL,
+        failed_at timestamptz NOT NULL,
+        store text
+    )""",
+    # Timestamps compare as instants when they parse (``Z`` and offsets mix), as text
+    # otherwise, as the SQLite sink's julianday() does.
+    """CREATE OR REPLACE FUNCTION asyncsubs_instant(value text) RETURNS timestamptz
+        LANGUAGE plpgsql STABLE AS $$
+        BEGIN
+            RETURN value::timestamptz;
+        EXCEPTION WHEN others THEN
+            RETURN NULL;
+        END $$""",
+)
+
+
+def _upsert_sql(resource: str) -> str:
+    # The SQLite sink's rule: newer-or-equal wins, a deleted id never returns.
+    return f"""
+        INSERT INTO {resource} AS t
+            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
+        SELECT %s, %s, %s, %s, %s, %s, %s, now()
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {DELETED_TABLE} d
+            WHERE d.store = %s AND d.resource = '{resource}' AND d.id = %s)
+        ON CONFLICT (store, id) DO UPDATE SET
+            status = excluded.status,
+            customer_id = excluded.customer_id,
+            created_at = excluded.created_at,
+            updated_at = excluded.updated_at,
+            raw = excluded.raw,
+            synced_at = excluded.synced_at
+        WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
+            OR coalesce(asyncsubs_instant(excluded.updated_at) >= asyncsubs_instant(t.updated_at),
+                        excluded.updated_at >= t.updated_at)"""
+
+
+def _params(store: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
+    columns = record_columns(store, record)
+    # raw as JSONB (psycopg adapts it with orjson); the deleted-ids check repeats store and id.
+    return (*columns, Jsonb(record), columns[0], columns[1])
+
+
+def _jsonb(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, tuple[list[str], list[str]]]:
+    """A condition selecting ``units`` (two arrays, as one parameter each)."""
+    return (
+        "(store, resource) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([s for s, _ in units], [r for _, r in units]),
+    )
+
+
+@attrs.frozen
+class UnitStatus:
+    """One unit as ``sync-status`` shows it."""
+
+    store: str
+    resource: str
+    state: str
+    holder: str | None
+    lease_left: float | None
+    records: int | None
+    pages: int | None
+    cursor_age: float | None
+    error: str | None
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    set_json_dumps(_json.dumps, conn)
+    set_json_loads(_json.loads, conn)
+    await conn.execute("SET TIME ZONE 'UTC'")
+
+
+class PostgresSink:
+    """The sync database on PostgreSQL; the ``Sink`` of ``_sync`` plus leases on units.
+
+    ``holder`` names this worker in the units table (default: host, pid and a random part).
+    """
+
+    def __init__(self, url: str, *, lease: float = DEFAULT_LEASE, holder: str | None = None):
+        self.url = url
+        self.where = PostgresURL(url).where
+        self.lease = lease
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=10.0,
+            reconnect_timeout=10.0,
+            name="asyncsubs",
+        )
+        self._listen: psycopg.AsyncConnection[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<PostgresSink {self.where} holder={self.holder}>"
+
+    def _error(self, exc: BaseException) -> DatabaseError:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, PoolTimeout):
+            text = "no connection within 10s (is the server up and reachable?)"
+        return DatabaseError(f"database {self.where}: {text}")
+
+    @contextlib.asynccontextmanager
+    async def _transaction(
+        self, *, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the pool inside one transaction; psycopg errors as DatabaseError."""
+        try:
+            async with self._pool.connection(timeout) as conn, conn.transaction():
+                yield conn
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise self._error(exc) from None
+
+    async def open(self) -> None:
+        try:
+            await self._pool.open(wait=True, timeout=10.0)
+        except (psycopg.Error, PoolTimeout) as exc:
+            await self._pool.close()
+            raise self._error(exc) from None
+        # Concurrent first runs: CREATE ... IF NOT EXISTS is not safe against itself, so
+        # workers create the schema one after the other.
+        async with self._transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            for statement in _SCHEMA:
+                await conn.execute(statement)
+
+    async def aclose(self) -> None:
+        if self._listen is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._listen.close()
+            self._listen = None
+        await self._pool.close()
+
+    # -- the Sink interface ---------------------------------------------------------------------
+
+    async def load_state(self, store: str, resource: str) -> ResourceState:
+        async with self._transaction() as conn:
+            return await self._load_state(conn, store, resource)
+
+    @staticmethod
+    async def _load_state(
+        conn: psycopg.AsyncConnection[Any], store: str, resource: str, *, lock: bool = False
+    ) -> ResourceState:
+        cur = await conn.execute(
+            f"SELECT cursor, done, run_params, run_from, next_from, seen_max, run_pages,"
+            f" run_records FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
+            + (" FOR UPDATE" if lock else ""),
+            (store, resource),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return ResourceState()
+        return ResourceState(
+            exists=True,
+            cursor=row[0],
+            done=row[1],
+            run_params=row[2] or {},
+            run_from=row[3],
+            next_from=row[4],
+            seen_max=row[5],
+            run_pages=row[6],
+            run_records=row[7],
+        )
+
+    async def commit_page(self, w: PageWrite) -> None:
+        rows = []
+        page_max = None
+        for record in w.records:
+            if not isinstance(record, dict) or record.get("id") is None:
+                raise ProtocolError(
+                    f"GET {w.resource}: a record without an 'id' cannot be stored",
+                    method="GET",
+                    path=w.resource,
+                )
+            if w.incremental_field is not None:
+                page_max = newer(page_max, record.get(w.incremental_field))
+            rows.append(_params(w.store, record))
+        done = w.next_cursor is None
+        async with self._transaction() as conn:
+            # The lease is checked (and renewed) first: its row lock keeps a takeover out
+            # until this page and its cursor are committed.
+            cur = await conn.execute(
+                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %s)"
+                " WHERE store = %s AND resource = %s AND holder = %s",
+                (self.lease, w.store, w.resource, self.holder),
+            )
+            if cur.rowcount == 0:
+                raise LeaseLostError(f"{w.store}/{w.resource}")
+            if rows:
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(_upsert_sql(w.resource), rows)
+            old = await self._load_state(conn, w.store, w.resource, lock=True)
+            await conn.execute(
+                f"""INSERT INTO {STATE_TABLE} (store, resource, cursor, done, run_params,
+                        run_from, next_from, seen_max, run_pages, run_records, run_started_at,
+                        run_finished_at, updated_at)
+                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),
+                            CASE WHEN %s THEN now() END, now())
+                    ON CONFLICT (store, resource) DO UPDATE SET
+                        cursor = excluded.cursor,
+                        done = excluded.done,
+                        run_params = excluded.run_params,
+                        run_from = excluded.run_from,
+                        next_from = excluded.next_from,
+                        seen_max = excluded.seen_max,
+                        run_pages = excluded.run_pages,
+                        run_records = excluded.run_records,
+                        run_started_at = CASE WHEN %s THEN excluded.run_started_at
+                                         ELSE {STATE_TABLE}.run_started_at END,
+                        run_finished_at = excluded.run_finished_at,
+                        updated_at = excluded.updated_at""",
+                (
+                    w.store,
+                    w.resource,
+                    w.next_cursor,
+                    done,
+                    Jsonb(dict(w.run_params)),
+                    _jsonb(w.run_from),
+                    _jsonb(w.run_from if done else old.next_from),
+                    _jsonb(newer(old.seen_max, page_max)),
+                    1 if w.new_run else old.run_pages + 1,
+                    len(rows) if w.new_run else old.run_records + len(rows),
+                    done,
+                    w.new_run,
+                ),
+            )
+            if done:
+                # The unit is done with its last page: no window in which a crash leaves it
+                # finished but still pending (which would pull it again).
+                await conn.execute(
+                    f"UPDATE {UNITS_TABLE} SET state = 'done', holder = NULL, lease_until = NULL"
+                    " WHERE store = %s AND resource = %s",
+                    (w.store, w.resource),
+                )
+                await conn.execute(f"NOTIFY {CHANNEL}")
+
+    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        async with self._transaction() as conn:
+            cur = await conn.execute(_upsert_sql(resource), _params(store, record))
+            return cur.rowcount > 0
+
+    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
+        record_id = text_value(record_id)
+        async with self._transaction() as conn:
+            await conn.execute(
+                f"DELETE FROM {resource} WHERE store = %s AND id = %s", (store, record_id)
+            )
+            await conn.execute(
+                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
+                " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                (store, resource, record_id),
+            )
+
+    async def count(self, store: str, resource: str) -> int:
+        async with self._transaction() as conn:
+            cur = await conn.execute(f"SELECT count(*) FROM {resource} WHERE store = %s", (store,))
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+    # -- units and leases -------------------------------------------------------------------
+
+    async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
+        """Join the current round of ``units``, or start a new one when every unit of the
+        last is finished (done or failed); True when this call started it (or added units
+        never seen before)."""
+        where, arrays = _in_units(units)
+        async with self._transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
+            cur = await conn.execute(
+                f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
+                " SELECT s, r, 'pending' FROM unnest(%s::text[], %s::text[]) AS u(s, r)"
+                " ON CONFLICT DO NOTHING",
+                arrays,
+            )
+            added = cur.rowcount > 0
+            cur = await conn.execute(
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", arrays
+            )
+            row = await cur.fetchone()
+            if row and row[0]:
+                return added
+            await conn.execute(
+                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", arrays
+            )
+            return True
+
+    async def claim(
+        self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
+    ) -> tuple[str, str] | None:
+        """Take the lease of one pending unit nobody holds (or whose lease expired), preferring
+        stores in ``prefer`` (this worker's clients already pace them); None when there is none.
+        """
+        where, arrays = _in_units(units)
+        async with self._transaction() as conn:
+            cur = await conn.execute(
+                f"""UPDATE {UNITS_TABLE} u SET holder = %s, claimed_at = now(),
+                        lease_until = now() + make_interval(secs => %s)
+                    FROM (SELECT store, resource FROM {UNITS_TABLE}
+                          WHERE {where} AND state = 'pending'
+                            AND (holder IS NULL OR lease_until < now())
+                          ORDER BY store = ANY(%s) DESC, store, resource
+                          LIMIT 1 FOR UPDATE SKIP LOCKED) AS free
+                    WHERE u.store = free.store AND u.resource = free.resource
+                    RETURNING u.store, u.resource""",
+                (self.holder, self.lease, *arrays, list(prefer)),
+            )
+            row = await cur.fetchone()
+            return None if row is None else (row[0], row[1])
+
+    async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The heartbeat: extend every lease this worker holds; those of ``units`` (believed
+        held) that another worker has taken over or that this one no longer holds."""
+        where, arrays = _in_units(units)
+        async with self._transaction() as conn:
+            await conn.execute(
+                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %s)"
+                " WHERE holder = %s AND state = 'pending'",
+                (self.lease, self.holder),
+            )
+            cur = await conn.execute(
+                f"SELECT store, resource FROM {UNITS_TABLE} WHERE {where}"
+                " AND state = 'pending' AND holder IS DISTINCT FROM %s",
+                (*arrays, self.holder),
+            )
+            return [(row[0], row[1]) for row in await cur.fetchall()]
+
+    async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
+        """Give up the lease of ``unit`` (failed with ``error``: it is not retried this round)."""
+        async with self._transaction() as conn:
+            await conn.execute(
+                f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
+                " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
+                " WHERE store = %s AND resource = %s AND holder = %s",
+                (error, error, *unit, self.holder),
+            )
+            await conn.execute(f"NOTIFY {CHANNEL}")
+
+    async def release_all(self) -> None:
+        """Give up every lease this worker holds (stopping), so others take them at once.
+        Not for long: after a database error, the leases may as well expire."""
+        async with self._transaction(timeout=2.0) as conn:
+            await conn.execute(
+                f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
+                (self.holder,),
+            )
+            await conn.execute(f"NOTIFY {CHANNEL}")
+
+    async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
+        """None when no unit of ``units`` is pending any more; otherwise the seconds until a
+        lease held by another worker may expire (the lease length if only this one holds
+        pending units)."""
+        where, arrays = _in_units(units)
+        async with self._transaction() as conn:
+            cur = await conn.execute(
+                f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
+                        (WHERE holder IS DISTINCT FROM %s) - now())
+                    FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
+                (self.holder, *arrays),
+            )
+            row = await cur.fetchone()
+        if row is None or not row[0]:
+            return None
+        return self.lease if row[1] is None else max(0.0, float(row[1]))
+
+    async def wait_for_release(self, timeout: float) -> None:
+        """Return when a unit is released or finished by any worker, or after ``timeout``."""
+        try:
+            if self._listen is None:
+                self._listen = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                await self._listen.execute(f"LISTEN {CHANNEL}")
+            async for _ in self._listen.notifies(timeout=timeout, stop_after=1):
+                pass
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+
+    async def status(self) -> list[UnitStatus]:
+        async with self._transaction() as conn:
+            cur = await conn.execute(
+                f"""SELECT u.store, u.resource, u.state, u.holder,
+                        extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,
+                        extract(epoch FROM now() - s.updated_at), u.error
+                    FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
+                        ON s.store = u.store AND s.resource = u.resource
+                    ORDER BY u.store, u.resource"""
+            )
+            return [
+                UnitStatus(
+                    store=r[0],
+                    resource=r[1],
+                    state=r[2],
+                    holder=r[3],
+                    lease_left=None if r[4] is None else float(r[4]),
+                    records=r[5],
+                    pages=r[6],
+                    cursor_age=None if r[7] is None else float(r[7]),
+                    error=r[8],
+                )
+                for r in await cur.fetchall()
+            ]
+
+
+def _epoch(value: datetime) -> float:
+    return value.timestamp()
+
+
+def _instant(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class PostgresInbox:
+    """``asyncsubs.webhooks.Inbox`` in the sink's ``webhook_inbox`` table, on its pool: an
+    ``add`` returns once committed."""
+
+    def __init__(self, sink: PostgresSink) -> None:
+        self.sink = sink
+
+    async def add(self, entry: InboxEntry) -> bool:
+        async with self.sink._transaction() as conn:
+            cur = await conn.execute(
+                f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (
+                    entry.store,
+                    entry.event_id,
+                    entry.body,
+                    _instant(entry.received_at),
+                    entry.attempts,
+                ),
+            )
+            return cur.rowcount > 0
+
+    async def pending(self, store: str) -> list[InboxEntry]:
+        async with self.sink._transaction() as conn:
+            cur = await conn.execute(
+                f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
+                " WHERE store = %s ORDER BY received_at, event_id",
+                (store,),
+            )
+            return [
+                InboxEntry(store, row[0], bytes(row[1]), _epoch(row[2]), row[3])
+                for row in await cur.fetchall()
+            ]
+
+    async def remove(self, store: str, event_id: str) -> None:
+        async with self.sink._transaction() as conn:
+            await conn.execute(
+                f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s", (store, event_id)
+            )
+
+
+class PostgresDeadLetters:
+    """``asyncsubs.webhooks.DeadLetterStore`` in the sink's ``webhook_dead_letters`` table."""
+
+    def __init__(self, sink: PostgresSink) -> None:
+        self.sink = sink
+
+    async def add(self, letter: DeadLetter) -> None:
+        async with self.sink._transaction() as conn:
+            await conn.execute(
+                f"INSERT INTO {DEAD_LETTER_TABLE}"
+                " (event_id, topic, body, error, attempts, failed_at, store)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (
+                    letter.event_id,
+                    letter.topic,
+                    letter.body,
+                    letter.error,
+                    letter.attempts,
+                    _instant(letter.failed_at),
+                    letter.store,
+                ),
+            )
+
+    async def all(self) -> list[DeadLetter]:
+        async with self.sink._transaction() as conn:
+            cur = await conn.execute(
+                "SELECT event_id, topic, body, error, attempts, failed_at, store"
+                f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
+            )
+            return [
+                DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6])
+                for r in await cur.fetchall()
+            ]
+
+    async def remove(self, event_id: str) -> int:
+        async with self.sink._transaction() as conn:
+            cur = await conn.execute(
+                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
+            )
+            return cur.rowcount

@@ -1,0 +1,557 @@
+"""``sync --db postgresql://``: the PostgreSQL sink, units shared by workers through leases.
+
+Against a real PostgreSQL the suite starts (``postgres_fixtures``), one fresh database per
+test. Workers run in-process (several ``run_workers`` on one loop, each with its own sink and
+holder name) or as subprocesses that are SIGKILLed; the records to compare with come straight
+from the fake server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from postgres_fixtures import pg_url_fixture, postgres_server_fixture
+from redis_fixtures import redis_server_fixture
+from test_sync import RESOURCES, STORES, env_name, write_config
+
+from asyncsubs.__main__ import main
+from asyncsubs.cli._app import cmd_sync_status
+from asyncsubs.cli._config_file import PostgresURL, load_config, parse_db_url
+from asyncsubs.cli._progress import Tracker
+from asyncsubs.cli._sync import LeaseLostError, PageWrite, Sink, SyncDB
+from asyncsubs.cli._workers import run_workers
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
+
+# Under CI the dev extra installs psycopg: an import error there fails the module.
+psycopg = __import__("psycopg") if os.environ.get("CI") else pytest.importorskip("psycopg")
+
+from asyncsubs.cli._postgres import PostgresInbox, PostgresSink  # noqa: E402
+from asyncsubs.webhooks import InboxEntry  # noqa: E402
+
+__all__ = ["pg_url_fixture", "postgres_server_fixture", "redis_server_fixture"]
+
+pytestmark = pytest.mark.postgres
+SYNC_COMMAND = (sys.executable, "-m", "asyncsubs", "sync")
+
+
+@pytest.fixture(name="server")
+def server_fixture() -> Iterator[FakeAdminServer]:
+    stores = [
+        FakeStoreConfig("store-1", records={"subscriptions": 130, "customers": 70, "orders": 101}),
+        FakeStoreConfig("store-2", records={"subscriptions": 45, "customers": 0, "orders": 88}),
+        FakeStoreConfig("store-3", records={"subscriptions": 60, "customers": 59, "orders": 61}),
+    ]
+    with serve_in_thread(stores=stores, rate_limits=None) as srv:
+        yield srv
+
+
+@pytest.fixture(name="token_env")
+def token_env_fixture(server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {env_name(name): token for name, token in server.tokens.items()}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def query(url: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def pg_rows(url: str, resource: str, store: str) -> list[tuple[Any, ...]]:
+    return query(
+        url,
+        f"SELECT id, status, customer_id, created_at, updated_at, raw FROM {resource}"
+        " WHERE store = %s ORDER BY id::bigint",
+        (store,),
+    )
+
+
+def assert_exact(url: str, server: FakeAdminServer, stores: Sequence[str] = STORES) -> None:
+    """The database holds exactly the server's records: same ids, once each, raw as served."""
+    for store in stores:
+        for resource in RESOURCES:
+            expected = server.records(store, resource)
+            rows = pg_rows(url, resource, store)
+            assert [r[0] for r in rows] == [str(rec["id"]) for rec in expected], (store, resource)
+            for row, record in zip(rows, expected, strict=True):
+                assert row[5] == orjson.loads(orjson.dumps(record))
+                assert row[1] == record.get("status")
+                assert row[4] == record.get("updatedAt")
+
+
+def units(url: str) -> dict[tuple[str, str], tuple[str, str | None]]:
+    rows = query(url, "SELECT store, resource, state, holder FROM asyncsubs_sync_units")
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# One sink interface, two implementations: the same rules
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sink_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "subs.db")
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def make_sink(url: str) -> Sink:
+    db = parse_db_url(url)
+    return PostgresSink(db.url) if isinstance(db, PostgresURL) else SyncDB(db)
+
+
+def page(store: str, records: list[dict[str, Any]], cursor: str | None, *, new: bool) -> PageWrite:
+    return PageWrite(
+        store=store,
+        resource="orders",
+        records=records,
+        next_cursor=cursor,
+        new_run=new,
+        run_params={},
+        run_from=None,
+        incremental_field="updatedAt",
+    )
+
+
+async def test_both_sinks_keep_the_same_upsert_rules(sink_url: str) -> None:
+    sink = make_sink(sink_url)
+    await sink.open()
+    try:
+        if isinstance(sink, PostgresSink):  # pages are written under a lease
+            await sink.join_round([("s", "orders")])
+            assert await sink.claim([("s", "orders")]) == ("s", "orders")
+        v1 = {"id": 1, "status": "a", "updatedAt": "2026-01-01T10:00:00Z"}
+        await sink.commit_page(page("s", [v1, {"id": 2}], "c1", new=True))
+        state = await sink.load_state("s", "orders")
+        assert (state.cursor, state.done, state.run_pages, state.run_records) == ("c1", False, 1, 2)
+        assert state.seen_max == "2026-01-01T10:00:00Z"
+        # An older version (as an instant: +02:00 is earlier) does not replace a newer one.
+        older = {"id": 1, "status": "old", "updatedAt": "2026-01-01T11:00:00+02:00"}
+        assert not await sink.upsert_record("s", "orders", older)
+        newer = {"id": 1, "status": "new", "updatedAt": "2026-01-01T10:00:01Z"}
+        assert await sink.upsert_record("s", "orders", newer)
+        # A deleted id never comes back, from a webhook or a page.
+        await sink.delete_record("s", "orders", 2)
+        assert not await sink.upsert_record("s", "orders", {"id": 2})
+        await sink.commit_page(page("s", [{"id": 2}, {"id": 3}], None, new=False))
+        assert await sink.count("s", "orders") == 2
+        state = await sink.load_state("s", "orders")
+        assert (state.cursor, state.done, state.run_pages, state.run_records) == (None, True, 2, 4)
+    finally:
+        await sink.aclose()
+
+
+async def test_concurrent_first_runs_create_the_schema_once(pg_url: str) -> None:
+    sinks = [PostgresSink(pg_url) for _ in range(6)]
+    try:
+        await asyncio.gather(*(sink.open() for sink in sinks))
+    finally:
+        await asyncio.gather(*(sink.aclose() for sink in sinks))
+    tables = {r[0] for r in query(pg_url, "SELECT tablename FROM pg_tables")}
+    assert {"orders", "asyncsubs_sync_state", "asyncsubs_sync_units", "webhook_inbox"} <= tables
+
+
+async def test_postgres_inbox_keeps_entries_until_removed(pg_url: str) -> None:
+    sink = PostgresSink(pg_url)
+    await sink.open()
+    try:
+        inbox = PostgresInbox(sink)
+        entry = InboxEntry("s", "e1", b'{"id": "e1"}', 1_700_000_000.5, attempts=2)
+        assert await inbox.add(entry)
+        assert not await inbox.add(entry)  # one per (store, event id)
+        assert await inbox.add(InboxEntry("t", "e1", b"{}", 1_700_000_001.0))
+        assert await inbox.pending("s") == [entry]
+        await inbox.remove("s", "e1")
+        assert await inbox.pending("s") == []
+        assert len(await inbox.pending("t")) == 1
+    finally:
+        await sink.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Leases
+
+
+async def test_a_lease_is_taken_over_only_once_expired_and_fences_the_old_holder(
+    pg_url: str,
+) -> None:
+    first, second = PostgresSink(pg_url, holder="first"), PostgresSink(pg_url, holder="second")
+    unit = ("s", "orders")
+    await first.open()
+    await second.open()
+    try:
+        assert await first.join_round([unit])
+        assert not await second.join_round([unit])  # the round is open: joined, not restarted
+        assert await first.claim([unit]) == unit
+        assert await second.claim([unit]) is None  # held, lease running
+        assert await second.pending_wait([unit]) == pytest.approx(first.lease, abs=1)
+        await first.commit_page(page("s", [{"id": 1}], "c1", new=True))
+        # The first worker stops renewing: its lease runs out (on the database's clock).
+        query(pg_url, "UPDATE asyncsubs_sync_units SET lease_until = now() - interval '1s'")
+        assert await second.pending_wait([unit]) == 0
+        assert await second.claim([unit]) == unit
+        # The old holder wakes up: its page is refused whole, its cursor not moved.
+        with pytest.raises(LeaseLostError):
+            await first.commit_page(page("s", [{"id": 2}], "c2", new=False))
+        assert await first.renew([unit]) == [unit]  # the heartbeat sees it lost too
+        state = await second.load_state(*unit)
+        assert (state.cursor, state.run_records) == ("c1", 1)
+        assert await second.count(*unit) == 1
+        await second.commit_page(page("s", [{"id": 2}], None, new=False))
+        assert units(pg_url) == {unit: ("done", None)}
+        assert await first.pending_wait([unit]) is None
+        # Every unit done: the next start begins a new round.
+        assert await first.join_round([unit])
+        assert units(pg_url) == {unit: ("pending", None)}
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+def test_workers_split_the_units_and_each_unit_has_one_writer(
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    pg_url: str,
+) -> None:
+    configs = load_config(write_config(tmp_path, server), os.environ)
+    writers: dict[tuple[str, str], set[str]] = {}
+
+    class Recording(PostgresSink):
+        async def commit_page(self, write: PageWrite) -> None:
+            writers.setdefault((write.store, write.resource), set()).add(self.holder)
+            await super().commit_page(write)
+
+    async def worker(name: str) -> Tracker:
+        sink = Recording(pg_url, holder=name)
+        tracker = Tracker()
+        await sink.open()
+        try:
+            await run_workers(configs, sink, tracker, max_stores=1)
+        finally:
+            await sink.aclose()
+        return tracker
+
+    async def three() -> list[Tracker]:
+        return await asyncio.gather(*(worker(f"w{i}") for i in range(3)))
+
+    trackers = asyncio.run(three())
+    assert_exact(pg_url, server)
+    assert set(writers) == {(s, r) for s in STORES for r in RESOURCES}
+    assert all(len(holders) == 1 for holders in writers.values()), writers
+    # Each worker's progress shows the units it held; together, every unit once.
+    held = [key for tracker in trackers for key in tracker.rows]
+    assert sorted(held) == sorted(writers)
+    assert all(state == "done" and holder is None for state, holder in units(pg_url).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def test_sync_into_postgres_then_rerun_and_status(
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    pg_url: str,
+    capsys: Any,
+) -> None:
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", pg_url]
+    assert main(args) == 0
+    assert_exact(pg_url, server)
+    out = capsys.readouterr().out
+    assert f"into {pg_url}" in out
+    server.clear_requests()
+    assert main([*args, "--quiet"]) == 0  # a new round: everything pulled again, once
+    assert_exact(pg_url, server)
+    assert len({(r.store, r.path) for r in server.requests if "afterCursor" not in r.query}) == 9
+    query(
+        pg_url,
+        "UPDATE asyncsubs_sync_units SET state = 'pending', holder = 'elsewhere',"
+        " lease_until = now() + interval '20s' WHERE store = 'store-1' AND resource = 'orders'",
+    )
+    stream = io.StringIO()
+    assert cmd_sync_status(main_args(pg_url), stream=stream) == 0
+    text = stream.getvalue()
+    line = next(x for x in text.splitlines() if x.startswith("store-1") and "orders" in x)
+    for part in ("running", "elsewhere", "101"):
+        assert part in line, text
+    assert "9 units in" in text
+    assert "8 done, 1 running" in text
+
+
+def main_args(url: str) -> Any:
+    import argparse
+
+    return argparse.Namespace(db=url)
+
+
+def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:
+    config = tmp_path / "stores.toml"
+    config.write_text('[stores.a]\nbase_url = "http://127.0.0.1:1/v1"\ntoken_env = "A_TOKEN"\n')
+    url = "postgresql://user:s3cret@127.0.0.1:1/db"
+    code = main(["sync", "--config", str(config), "--db", url, "--quiet"])
+    err = capsys.readouterr().err
+    assert code in (1, 2)
+    assert "s3cret" not in err
+    assert repr(PostgresURL(url)).count("s3cret") == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocess workers: SIGKILL, takeover, a database that goes away
+
+
+@pytest.fixture
+def slow_server() -> Iterator[FakeAdminServer]:
+    # Pages of 10 at 20 ms: about a second per unit, so a second worker starts mid-run.
+    counts = {"subscriptions": 500, "customers": 400, "orders": 600}
+    with serve_in_thread(stores=3, records=counts, latency=0.01, rate_limits=None) as srv:
+        yield srv
+
+
+def slow_config(tmp_path: Path, fake: FakeAdminServer) -> Path:
+    path = write_config(tmp_path, fake)
+    path.write_text(path.read_text().replace("page_size = 25", "page_size = 10"))
+    return path
+
+
+def start_worker(
+    config: Path, url: str, env: Mapping[str, str], *extra: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*SYNC_COMMAND, "--config", str(config), "--db", url, "--progress", "plain", *extra],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_until(url: str, sql: str, proc: subprocess.Popen[bytes]) -> None:
+    """The one bounded wait: poll the database until ``sql`` answers true."""
+    for _ in range(1000):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(psycopg.Error):
+            if query(url, sql)[0][0]:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"not reached: {sql} (exit code {proc.poll()})")
+
+
+HOLDER_SQL = (
+    "SELECT holder FROM asyncsubs_sync_units WHERE holder IS NOT NULL ORDER BY claimed_at LIMIT 1"
+)
+
+
+def test_sigkilled_worker_units_are_resumed_by_a_survivor_exactly(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    config = slow_config(tmp_path, slow_server)
+    # One store at a time each, so both are mid-unit when one is killed; a short lease.
+    lease = ("--lease", "1", "--max-stores", "1")
+    victim = start_worker(config, pg_url, env, *lease)
+    survivor: subprocess.Popen[bytes] | None = None
+    try:
+        wait_until(pg_url, "SELECT count(holder) > 0 FROM asyncsubs_sync_units", victim)
+        (victim_holder,) = query(pg_url, HOLDER_SQL)[0]
+        survivor = start_worker(config, pg_url, env, *lease)
+        # Both hold units, and the victim has committed pages of one it has not finished.
+        wait_until(pg_url, "SELECT count(DISTINCT holder) = 2 FROM asyncsubs_sync_units", survivor)
+        wait_until(
+            pg_url,
+            "SELECT count(*) > 0 FROM asyncsubs_sync_units u"
+            " JOIN asyncsubs_sync_state s USING (store, resource)"
+            f" WHERE s.run_records > 0 AND NOT s.done AND u.holder = '{victim_holder}'",
+            victim,
+        )
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        # Units the victim held with pages committed, left mid-run.
+        killed_units = {
+            (r[0], r[1])
+            for r in query(
+                pg_url,
+                "SELECT store, resource FROM asyncsubs_sync_units u"
+                " JOIN asyncsubs_sync_state s USING (store, resource)"
+                " WHERE u.holder = %s AND NOT s.done",
+                (victim_holder,),
+            )
+        }
+        _, err = survivor.communicate(timeout=120)
+    finally:
+        for proc in (victim, survivor):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert survivor.returncode == 0, err.decode()
+    assert victim.returncode == -signal.SIGKILL
+    assert killed_units
+    assert_exact(pg_url, slow_server)
+    assert all(state == "done" for state, _ in units(pg_url).values())
+    # The survivor resumed the victim's units from their committed cursors.
+    text = err.decode()
+    for store, resource in killed_units:
+        assert f"{store}/{resource}: resuming from its saved cursor" in text, text
+
+
+def test_database_that_goes_away_mid_run_is_a_clear_error_and_nothing_half_written(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    config = slow_config(tmp_path, slow_server)
+    proc = start_worker(config, pg_url, env)
+    try:
+        wait_until(pg_url, "SELECT sum(run_records) > 100 FROM asyncsubs_sync_state", proc)
+        # Every connection of the worker is cut (a restart or failover looks the same to it),
+        # and new ones are refused while the database is renamed away.
+        name = pg_url.rsplit("/", 1)[1]
+        admin = pg_url.rsplit("/", 1)[0] + "/postgres"
+        query(admin, f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        query(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+              " AND pid <> pg_backend_pid()", (name,))  # fmt: skip
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        query(pg_url.rsplit("/", 1)[0] + "/postgres",
+              f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} ALLOW_CONNECTIONS true")  # fmt: skip
+    text = err.decode()
+    assert proc.returncode == 1, text
+    assert "Traceback" not in text
+    assert f"asyncsubs: error: database {pg_url}:" in text
+    # Each unit holds exactly the pages its cursor accounts for.
+    for store, resource, records in query(
+        pg_url, "SELECT store, resource, run_records FROM asyncsubs_sync_state"
+    ):
+        assert len(pg_rows(pg_url, resource, store)) == records
+    # The leases of the dead connection's worker expire; a rerun finishes exactly.
+    query(pg_url, "UPDATE asyncsubs_sync_units SET lease_until = now() - interval '1s'")
+    rerun = subprocess.run(
+        [*SYNC_COMMAND, "--config", str(config), "--db", pg_url, "--quiet"],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert_exact(pg_url, slow_server)
+
+
+# ---------------------------------------------------------------------------------------------
+# --listen and --redis with many workers
+
+
+async def test_two_listening_workers_converge_on_the_servers_rows(
+    tmp_path: Path, pg_url: str
+) -> None:
+    from test_sync_listen import SECRETS, fake_server, listen_configs, stepping_clock
+
+    from asyncsubs.cli._listen import ListenSync
+
+    async with fake_server(seed=4) as server:
+        configs = listen_configs(tmp_path, server)
+        db = PostgresURL(pg_url)
+        async with (
+            ListenSync(configs, db, Tracker()) as first,
+            ListenSync(configs, db, Tracker()) as second,
+        ):
+            urls = {"acme": (await first.listen("127.0.0.1", 0))["acme"]}
+            urls["globex"] = (await second.listen("127.0.0.1", 0))["globex"]
+            await asyncio.gather(first.pull(), second.pull())  # the initial sync, shared
+            senders = [
+                await server.deliver_webhooks(
+                    urls[store], SECRETS[store], stores=[store], drop_fraction=0.2
+                )
+                for store in ("acme", "globex")
+            ]
+            for store in ("acme", "globex"):
+                mutator = server.mutator(
+                    store, seed=3, weights={"subscription_delete": 1.0}, clock=stepping_clock()
+                )
+                await mutator.run(steps=60)
+            for sender in senders:
+                await sender.join()
+            await first.join()
+            await second.join()
+            # Each worker's receiver applied its store's webhooks to the shared tables.
+            assert first.tracker.webhooks["acme"].applied > 0
+            assert second.tracker.webhooks["globex"].applied > 0
+            assert query(pg_url, "SELECT count(*) FROM webhook_inbox") == [(0,)]
+            await asyncio.gather(first.pull(), second.pull())  # a reconciliation, shared
+        for store in ("acme", "globex"):
+            for resource in RESOURCES:
+                rows = pg_rows(pg_url, resource, store)
+                assert [r[5] for r in rows] == [
+                    orjson.loads(orjson.dumps(rec)) for rec in server.records(store, resource)
+                ]
+
+
+def test_redis_key_paces_every_worker_through_redis(
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    pg_url: str,
+    redis_server: Any,
+) -> None:
+    import redis
+
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    config = write_config(tmp_path, server)
+    config.write_text(config.read_text().replace("[defaults]", f'[defaults]\nredis = "{url}"'))
+    assert main(["sync", "--config", str(config), "--db", pg_url, "--quiet"]) == 0
+    assert_exact(pg_url, server)
+    with contextlib.closing(redis.Redis(port=redis_server.port)) as client:
+        keys = {key.decode() for key in client.keys("asyncsubs:*")}
+    for store in STORES:
+        assert any(key.startswith(f"asyncsubs:{{{store}}}:tat:") for key in keys), keys
+
+
+def test_bad_redis_url_is_a_usage_error_that_does_not_echo_it(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    config = write_config(tmp_path, server)
+    db = str(tmp_path / "subs.db")
+    args = ["sync", "--config", str(config), "--db", db, "--redis", "http://u:pw@host"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--redis: expected a redis://, rediss:// or unix:// URL" in err
+    assert "pw@" not in err
+
+
+async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, capsys: Any) -> None:
+    from asyncsubs.cli._listen import dead_letters
+    from asyncsubs.cli._postgres import PostgresDeadLetters
+    from asyncsubs.webhooks import DeadLetter
+
+    sink = PostgresSink(pg_url)
+    await sink.open()
+    try:
+        letter = DeadLetter("e1", "orders/update", b"{}", "boom", 3, 1_700_000_000.0, "acme")
+        await PostgresDeadLetters(sink).add(letter)
+        assert await PostgresDeadLetters(sink).all() == [letter]
+    finally:
+        await sink.aclose()
+    letters, moved = await dead_letters(PostgresURL(pg_url), requeue=True)
+    assert (letters, moved) == ([letter], 1)
+    assert query(pg_url, "SELECT store, event_id, attempts FROM webhook_inbox") == [
+        ("acme", "e1", 0)
+    ]
+    assert query(pg_url, "SELECT count(*) FROM webhook_dead_letters") == [(0,)]
