@@ -83,7 +83,10 @@ async def drive(
             await warm_up(remote, stores, session)
         clients = {
             s: AdminClient(
-                token=remote.tokens[s], base_url=remote.base_url, store=s, limits=limits,
+                token=remote.tokens[s],
+                base_url=remote.base_url,
+                store=s,
+                limits=limits,
                 session=session,
             )
             for s in stores

@@ -31,6 +31,7 @@ from redis_fixtures import (  # noqa: F401 - the fixtures register by their name
 )
 
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy
+from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, Slowdown
 from asyncsubs._limiter import PacingBackend
 from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
@@ -80,6 +81,13 @@ def dead_url(password: str = "") -> str:
     return f"redis://{auth}127.0.0.1:{free_port()}/0"
 
 
+async def wait(pacing: RedisPacing, store: str, pool: str, interval: float) -> float:
+    """The wait of one reserve, which must carry no slowdown."""
+    delay, slowdown = await pacing.reserve(store, pool, interval)
+    assert slowdown == 1.0
+    return delay
+
+
 def make_client(server: FakeAdminServer, limiter: RedisLimiter, **kwargs: object) -> AdminClient:
     return AdminClient(
         token=server.store("acme").token,
@@ -105,13 +113,13 @@ async def test_reserve_paces_by_gcra_per_store_and_pool(
     assert isinstance(pacing, RedisPacing)
     try:
         # No initial burst: one slot now, then one every interval; nothing sleeps here.
-        delays = [await pacing.reserve("acme", "global", 10.0) for _ in range(4)]
+        delays = [await wait(pacing, "acme", "global", 10.0) for _ in range(4)]
         assert delays[0] == 0.0
         for k in (1, 2, 3):
             assert 10.0 * k - SLACK < delays[k] <= 10.0 * k
         # Other pools and other stores have budgets of their own.
-        assert await pacing.reserve("acme", "orders", 10.0) == 0.0
-        assert await pacing.reserve("globex", "global", 10.0) == 0.0
+        assert await pacing.reserve("acme", "orders", 10.0) == (0.0, 1.0)
+        assert await pacing.reserve("globex", "global", 10.0) == (0.0, 1.0)
     finally:
         await pacing.aclose()
 
@@ -128,10 +136,10 @@ async def test_one_acquire_is_one_evalsha(
         stats = await redis.info("commandstats")
     finally:
         await pacing.aclose()
-    # Commands the script runs count too: TIME, two GETs and a SET inside each EVALSHA.
+    # Commands the script runs count too: TIME, two GETs, a SET and the slowdown's HMGET.
     calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
     calls.pop("config|resetstat", None)
-    assert calls == {"evalsha": 20, "time": 20, "get": 40, "set": 20}
+    assert calls == {"evalsha": 20, "time": 20, "get": 40, "set": 20, "hmget": 20}
 
 
 async def test_very_high_rates_claim_one_slot_per_request(
@@ -159,9 +167,9 @@ async def test_script_is_reloaded_after_a_flush(
 ) -> None:
     pacing = RedisPacing(redis_server.url, prefix=prefix)
     try:
-        assert await pacing.reserve("acme", "global", 5.0) == 0.0
+        assert await pacing.reserve("acme", "global", 5.0) == (0.0, 1.0)
         await redis.script_flush()  # as after a Redis restart or failover
-        assert 5.0 - SLACK < await pacing.reserve("acme", "global", 5.0) <= 5.0
+        assert 5.0 - SLACK < await wait(pacing, "acme", "global", 5.0) <= 5.0
     finally:
         await pacing.aclose()
 
@@ -174,14 +182,14 @@ async def test_keys_of_a_store_share_one_cluster_slot(
         for store in ("acme", "we{ird}:store%"):
             for pool in ("global", "orders"):
                 await pacing.reserve(store, pool, 1.0)
-                await pacing.pause(store, pool, 5.0)
+                await pacing.pause(store, pool, 5.0, 1.5)
     finally:
         await pacing.aclose()
     keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
     assert keys == sorted(
         f"{prefix}:{{{tag}}}:{kind}:{pool}"
         for tag in ("acme", "we%7Bird%7D:store%25")
-        for kind in ("tat", "pause")
+        for kind in ("tat", "pause", "slowdown")
         for pool in ("global", "orders")
     )
     for tag in ("acme", "we%7Bird%7D:store%25"):
@@ -193,15 +201,17 @@ async def test_idle_keys_expire(
     redis_server: RedisServer, redis: aioredis.Redis, prefix: str
 ) -> None:
     pacing = RedisPacing(redis_server.url, prefix=prefix, idle_ttl=0.2)
-    tat_key, pause_key = pacing.keys("acme", "global")
+    tat_key, pause_key, slowdown_key = pacing.keys("acme", "global")
     try:
         await pacing.reserve("acme", "global", 0.1)
-        await pacing.pause("acme", "global", 0.25)
+        await pacing.pause("acme", "global", 0.25, 2.0)
     finally:
         await pacing.aclose()
-    # A TAT key lives until its slot has passed plus idle_ttl; a pause key until the pause ends.
+    # A TAT key lives until its slot has passed plus idle_ttl; a pause key until the pause ends;
+    # a slowdown key for ten half-lives after it was last raised.
     assert 0 < await redis.pttl(tat_key) <= 300
     assert 0 < await redis.pttl(pause_key) <= 250
+    assert await redis.pttl(slowdown_key) > 10 * SLOWDOWN_HALF_LIFE * 1000 - 1000
     await asyncio.sleep(0.35)
     assert await redis.exists(tat_key, pause_key) == 0
 
@@ -213,15 +223,53 @@ async def test_a_pause_is_shared_and_never_shortened(
     a = RedisPacing(redis_server.url, prefix=prefix)
     b = RedisPacing(redis_server.url, prefix=prefix)
     try:
-        await a.pause("acme", "global", 5.0)
-        await b.pause("acme", "global", 1.0)  # shorter: no effect
+        await a.pause("acme", "global", 5.0, 1.0)
+        await b.pause("acme", "global", 1.0, 1.0)  # shorter: no effect
         assert 4000 < await redis.pttl(a.keys("acme", "global")[1]) <= 5000
-        delay = await b.reserve("acme", "global", 0.5)
+        delay = await wait(b, "acme", "global", 0.5)
         assert 5.0 - SLACK < delay <= 5.0
         # Pacing resumes one interval at a time after the pause, not in a burst.
-        assert 5.5 - SLACK < await a.reserve("acme", "global", 0.5) <= 5.5
+        assert 5.5 - SLACK < await wait(a, "acme", "global", 0.5) <= 5.5
         # Other pools are not paused.
-        assert await b.reserve("acme", "orders", 0.5) == 0.0
+        assert await b.reserve("acme", "orders", 0.5) == (0.0, 1.0)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def redis_micros(redis: aioredis.Redis) -> int:
+    seconds, micros = await redis.time()
+    return seconds * 1_000_000 + micros
+
+
+async def test_a_slowdown_is_shared_and_decays_as_in_process(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    a = RedisPacing(redis_server.url, prefix=prefix)
+    b = RedisPacing(redis_server.url, prefix=prefix)
+    slowdown_key = a.keys("acme", "global")[2]
+    try:
+        await a.pause("acme", "global", 0.0, 2.0)
+        await b.pause("acme", "global", 0.0, 1.5)  # lower: no effect
+        _, slowdown = await b.reserve("acme", "global", 0.001)
+        assert slowdown == pytest.approx(2.0, abs=1e-3)  # decaying since
+        assert await a.reserve("acme", "orders", 0.001) == (0.0, 1.0)  # per pool
+
+        # Decay on Redis's clock, as Slowdown.value computes it: the widening is moved back in
+        # time through its stored 'at' rather than waited for.
+        for factor, age in ((3.0, SLOWDOWN_HALF_LIFE), (1.8, 2.5 * SLOWDOWN_HALF_LIFE)):
+            at = await redis_micros(redis) - int(age * 1_000_000)
+            await redis.hset(slowdown_key, mapping={"excess": str(factor - 1), "at": str(at)})
+            expected = Slowdown()
+            expected.set(at / 1e6, factor)
+            _, shared = await b.reserve("acme", "global", 0.001)
+            now = await redis_micros(redis) / 1e6
+            assert expected.value(now) - 1e-4 < shared <= expected.value(at / 1e6 + age) + 1e-9
+
+        # A decayed slowdown is raised by a smaller factor than it started from.
+        await a.pause("acme", "global", 0.0, 1.3)
+        _, slowdown = await b.reserve("acme", "global", 0.001)
+        assert slowdown == pytest.approx(1.3, abs=1e-3)
     finally:
         await a.aclose()
         await b.aclose()
@@ -253,6 +301,34 @@ async def test_a_429_pauses_the_pool_for_other_clients(
     first, second = server.requests
     assert (first.status, second.status) == (429, 200)
     assert second.time - first.time >= 0.6 - SLACK
+
+
+async def test_a_429_slows_down_the_pool_of_other_clients(
+    redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    ids = record_ids(server, 3)
+    async with (
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_a,
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_b,
+        make_client(server, limiter_a, retry=RetryPolicy(max_attempts=1)) as a,
+        make_client(server, limiter_b) as b,
+    ):
+        server.enqueue(429, {"success": False}, path=f"customers/{ids[0]}")
+        with pytest.raises(RateLimitError):
+            await a.request("GET", f"customers/{ids[0]}")
+        await asyncio.gather(*a._bound_limiter()._background)
+        widened = a.stats.pools["global"]
+        learnt = a._bound_limiter()._global.slowdown.value(asyncio.get_running_loop().time())
+        assert learnt > 1.09  # at least one step (decaying since)
+        # b's first start brings the shared slowdown back; its next one is paced by it.
+        for record_id in ids[1:]:
+            await b.request("GET", f"customers/{record_id}")
+        pool = b.stats.pools["global"]
+        assert pool.paced_by == "429"
+        assert pool.interval == pytest.approx(
+            Limits().global_rate.interval * (1 + pool.margin) * learnt, rel=1e-3
+        )
+        assert widened.rate_limited == 1
 
 
 async def test_processes_share_the_rate(
@@ -373,11 +449,11 @@ async def test_a_hung_redis_fails_within_the_timeout() -> None:
                 await strict.reserve("acme", "global", 1.0)
             assert time.monotonic() - started < 0.55  # a timeout is not retried
             started = time.monotonic()
-            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
             assert time.monotonic() - started < 0.55
             # Known down: later acquires do not wait for Redis at all (the PING runs aside).
             started = time.monotonic()
-            assert 2.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 2.0
+            assert 2.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 2.0
             assert time.monotonic() - started < SLACK
         finally:
             await strict.aclose()
@@ -413,19 +489,19 @@ async def test_redis_failing_midway_and_coming_back(
         own_redis_server.url, prefix=prefix, timeout=0.5, fallback_fraction=0.25, recheck_after=0.05
     )
     try:
-        assert await strict.reserve("acme", "global", 1.0) == 0.0
-        assert 1.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 1.0
+        assert await strict.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 1.0
         own_redis_server.stop()
 
         with pytest.raises(LimiterUnavailableError):
             await strict.reserve("acme", "global", 1.0)
         with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
             # In-process at a quarter of the rate: one slot every 4 s, from now.
-            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
             assert lenient.fallback_active
-            assert 4.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 4.0
-            await lenient.pause("acme", "global", 10.0)  # kept in memory, Redis not tried
-            assert 10.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 10.0
+            assert 4.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 4.0
+            await lenient.pause("acme", "global", 10.0, 1.0)  # kept in memory, Redis not tried
+            assert 10.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 10.0
 
             own_redis_server.start()  # empty: as after a restart without persistence
             assert lenient._probe is not None
@@ -438,8 +514,8 @@ async def test_redis_failing_midway_and_coming_back(
 
         # Shared again, through the restarted server; the strict backend's pooled connection
         # was broken by the restart and is replaced without an error.
-        assert await lenient.reserve("acme", "global", 1.0) == 0.0
-        assert 1.0 - SLACK < await strict.reserve("acme", "global", 1.0) <= 1.0
+        assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(strict, "acme", "global", 1.0) <= 1.0
     finally:
         await strict.aclose()
         await lenient.aclose()
@@ -499,16 +575,20 @@ def test_the_url_password_never_shows() -> None:
 
 
 async def test_works_on_redis_cluster(redis_cluster: RedisServer, prefix: str) -> None:
-    # Each script touches two keys; Redis Cluster refuses that unless they share a slot.
+    # Each script touches three keys; Redis Cluster refuses that unless they share a slot.
+    # The scripts read the clock (TIME) before writing, which a cluster replicates by effects.
     cluster = aioredis.RedisCluster.from_url(redis_cluster.url)
     try:
         async with RedisLimiter(cluster, prefix=prefix) as limiter:
             pacing = limiter.pacing
             for store in ("acme", "we{ird}"):
-                assert await pacing.reserve(store, "global", 2.0) == 0.0
-                await pacing.pause(store, "global", 5.0)
-                assert 5.0 - SLACK < await pacing.reserve(store, "global", 2.0) <= 5.0
+                assert await pacing.reserve(store, "global", 2.0) == (0.0, 1.0)
+                assert 2.0 - SLACK < (await pacing.reserve(store, "global", 2.0))[0] <= 2.0
+                await pacing.pause(store, "global", 5.0, 1.5)
+                delay, slowdown = await pacing.reserve(store, "global", 2.0)
+                assert 5.0 - SLACK < delay <= 5.0
+                assert slowdown == pytest.approx(1.5, abs=1e-3)
         slot = await cluster.cluster_keyslot("{acme}")
-        assert key_slot(pacing.keys("acme", "orders")[0].encode()) == slot
+        assert {key_slot(k.encode()) for k in pacing.keys("acme", "orders")} == {slot}
     finally:
         await cluster.aclose()
