@@ -11,12 +11,14 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -35,7 +37,7 @@ from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, Slowdown
 from asyncsubs._limiter import PacingBackend
 from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
-from asyncsubs.redis import RedisLimiter, RedisPacing
+from asyncsubs.redis import FORGET_AFTER, RedisLimiter, RedisPacing
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits
 
 # Start the cluster node with the first test, so its start-up delay overlaps the others.
@@ -136,10 +138,19 @@ async def test_one_acquire_is_one_evalsha(
         stats = await redis.info("commandstats")
     finally:
         await pacing.aclose()
-    # Commands the script runs count too: TIME, two GETs, a SET and the slowdown's HMGET.
+    # Commands the script runs count too: TIME, the store's workers (read, and this one's
+    # entry renewed), the pool's GCRA hash (read, written), its pause and its slowdown.
     calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
     calls.pop("config|resetstat", None)
-    assert calls == {"evalsha": 20, "time": 20, "get": 40, "set": 20, "hmget": 20}
+    assert calls == {
+        "evalsha": 20,
+        "time": 20,
+        "hgetall": 20,
+        "hset": 40,
+        "pexpire": 40,
+        "hmget": 40,
+        "get": 20,
+    }
 
 
 async def test_very_high_rates_claim_one_slot_per_request(
@@ -183,15 +194,23 @@ async def test_keys_of_a_store_share_one_cluster_slot(
             for pool in ("global", "orders"):
                 await pacing.reserve(store, pool, 1.0)
                 await pacing.pause(store, pool, 5.0, 1.5)
+        keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
     finally:
         await pacing.aclose()
-    keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
+    tags = ("acme", "we%7Bird%7D:store%25")
     assert keys == sorted(
-        f"{prefix}:{{{tag}}}:{kind}:{pool}"
-        for tag in ("acme", "we%7Bird%7D:store%25")
-        for kind in ("tat", "pause", "slowdown")
-        for pool in ("global", "orders")
+        [
+            *(
+                f"{prefix}:{{{tag}}}:{kind}:{pool}"
+                for tag in tags
+                for kind in ("gcra", "pause", "slowdown")
+                for pool in ("global", "orders")
+            ),
+            *(f"{prefix}:{{{tag}}}:workers" for tag in tags),
+        ]
     )
+    # A worker that closes leaves the stores' worker lists (an emptied hash is deleted).
+    assert await redis.exists(*(f"{prefix}:{{{tag}}}:workers" for tag in tags)) == 0
     for tag in ("acme", "we%7Bird%7D:store%25"):
         slots = {key_slot(k.encode()) for k in keys if f"{{{tag}}}" in k}
         assert slots == {key_slot(tag.encode())}
@@ -484,41 +503,206 @@ async def test_fallback_paces_in_process_at_the_fraction_with_a_warning(
 async def test_redis_failing_midway_and_coming_back(
     own_redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    strict = RedisPacing(own_redis_server.url, prefix=prefix, timeout=0.5)
-    lenient = RedisPacing(
-        own_redis_server.url, prefix=prefix, timeout=0.5, fallback_fraction=0.25, recheck_after=0.05
-    )
+    kwargs: dict[str, Any] = {"prefix": prefix, "timeout": 0.5, "recheck_after": 0.05}
+    strict = RedisPacing(own_redis_server.url, **kwargs)
+    lenient = RedisPacing(own_redis_server.url, fallback_fraction=0.25, **kwargs)
     try:
         assert await strict.reserve("acme", "global", 1.0) == (0.0, 1.0)
         assert 1.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 1.0
+        last_word = time.monotonic()  # when Redis last heard of lenient for "acme"
         own_redis_server.stop()
 
-        with pytest.raises(LimiterUnavailableError):
-            await strict.reserve("acme", "global", 1.0)
         with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
-            # In-process at a quarter of the rate: one slot every 4 s, from now.
-            assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
+            with pytest.raises(LimiterUnavailableError, match="failed"):
+                await strict.reserve("acme", "global", 1.0)
+            # Down: later requests fail at once, without trying Redis, until a recheck works.
+            started = time.monotonic()
+            with pytest.raises(LimiterUnavailableError, match="is down"):
+                await strict.reserve("acme", "global", 1.0)
+            assert time.monotonic() - started < SLACK
+
+            # In-process at a quarter of the rate: one slot every 4 s, after a hold until the
+            # other workers can have seen that Redis no longer hears from this one (timeout).
+            hold, _ = await lenient.reserve("acme", "global", 1.0)
             assert lenient.fallback_active
-            assert 4.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 4.0
+            assert last_word + 0.5 - time.monotonic() - SLACK < hold <= 0.5
+            assert 4.0 + hold - SLACK < await wait(lenient, "acme", "global", 1.0) <= 4.0 + hold
             await lenient.pause("acme", "global", 10.0, 1.0)  # kept in memory, Redis not tried
             assert 10.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 10.0
 
             own_redis_server.start()  # empty: as after a restart without persistence
-            assert lenient._probe is not None
-            await asyncio.wait_for(lenient._probe, 5)  # the background PING finds it again
-            assert not lenient.fallback_active
+            for pacing in (strict, lenient):
+                assert pacing._probe is not None
+                await asyncio.wait_for(pacing._probe, 5)  # the background check finds it
+                assert not pacing.down
         messages = [r.getMessage() for r in caplog.records if r.name == "asyncsubs.redis"]
-        assert len(messages) == 2
-        assert "25%" in messages[0]
-        assert "answers again" in messages[1]
+        assert len(messages) == 4
+        assert "fail with LimiterUnavailableError" in messages[0]
+        assert "25%" in messages[1]
+        assert all("answers again" in m for m in messages[2:])
 
-        # Shared again, through the restarted server; the strict backend's pooled connection
-        # was broken by the restart and is replaced without an error.
+        # Shared again, through the restarted server.
         assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
         assert 1.0 - SLACK < await wait(strict, "acme", "global", 1.0) <= 1.0
     finally:
         await strict.aclose()
         await lenient.aclose()
+
+
+async def test_a_stopped_redis_fails_a_pools_queue_at_once(
+    own_redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    """Regression: with Redis stopped, each queued request waited out a timeout of its own."""
+    ids = record_ids(server, 8)
+    limiter = RedisLimiter(own_redis_server.url, prefix=prefix, timeout=0.3, recheck_after=0.05)
+    process = own_redis_server.process
+    assert process is not None
+    async with limiter, make_client(server, limiter) as client:
+        await client.request("GET", f"customers/{ids[0]}")
+        process.send_signal(signal.SIGSTOP)  # hung: connections open, nothing answers
+        try:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(client.request("GET", f"customers/{i}") for i in ids[1:7]),
+                return_exceptions=True,
+            )
+            # One timeout for the pool's head, then its whole queue at once (not 6 x 0.3 s).
+            assert time.monotonic() - started < 0.3 + 0.2
+            assert all(isinstance(r, LimiterUnavailableError) for r in results), results
+            assert limiter.pacing.down
+        finally:
+            process.send_signal(signal.SIGCONT)
+        assert limiter.pacing._probe is not None
+        await asyncio.wait_for(limiter.pacing._probe, 5)
+        await client.request("GET", f"customers/{ids[7]}")
+    assert len(server.requests) == 2
+
+
+async def test_a_script_refused_while_ping_answers_keeps_redis_down(
+    own_redis_server: RedisServer,
+    redis: aioredis.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: a recheck by PING called a Redis up that refused every script (out of
+    memory), and the WARNINGs alternated every second."""
+    own = aioredis.Redis.from_url(own_redis_server.url)
+    pacing = RedisPacing(own_redis_server.url, prefix=prefix, recheck_after=0.02)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncsubs.redis"):
+            for _ in range(2):  # two outages in a row
+                await own.config_set("maxmemory", 1)
+                with pytest.raises(LimiterUnavailableError, match="OutOfMemoryError"):
+                    await pacing.reserve("acme", "global", 0.01)
+                assert await own.ping()
+                probe = pacing._probe
+                assert probe is not None
+                with pytest.raises(TimeoutError):  # some rechecks run, and fail
+                    await asyncio.wait_for(asyncio.shield(probe), 0.2)
+                assert pacing.down
+                await own.config_set("maxmemory", 0)
+                await asyncio.wait_for(probe, 5)
+                assert not pacing.down
+        records = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in records] == [logging.WARNING] * 2 + [logging.DEBUG] * 2
+        assert "failed (OutOfMemoryError)" in records[0][1]
+        assert "answers again" in records[1][1]
+    finally:
+        await pacing.aclose()
+        await own.aclose()
+
+
+async def test_workers_that_may_pace_alone_leave_their_fraction_unused(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    """A worker not heard of for longer than the lapse (timeout) may be pacing alone at its
+    fallback fraction: the others pace at what is left. Its entry is moved back in time."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix, timeout=1.0)
+    now = await redis_micros(redis)
+    cases = {  # store -> the other worker's entry, and the wait of a second reserve
+        "lapsed": (f"{now - 2_000_000}:0.5", 2.0),  # paces alone: half the rate is left
+        "heard": (f"{now - 200_000}:0.5", 1.0),  # shares through Redis
+        "strict": (f"{now - 2_000_000}:0.0", 1.0),  # down, it sends nothing
+        "forgotten": (f"{now - int((FORGET_AFTER + 1) * 1e6)}:0.5", 1.0),
+    }
+    try:
+        for store, (entry, second) in cases.items():
+            await redis.hset(pacing.workers_key(store), "other", entry)
+            assert await pacing.reserve(store, "global", 1.0) == (0.0, 1.0)
+            assert second - SLACK < await wait(pacing, store, "global", 1.0) <= second, store
+        assert not await redis.hexists(pacing.workers_key("forgotten"), "other")
+        assert await redis.hexists(pacing.workers_key("lapsed"), "other")
+    finally:
+        await pacing.aclose()
+
+
+async def test_an_idle_worker_that_may_pace_alone_keeps_its_heartbeat(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix, fallback_fraction=0.5, timeout=0.4)
+    key = pacing.workers_key("acme")
+    try:
+        await pacing.reserve("acme", "global", 0.01)
+        at, fraction = (await redis.hget(key, pacing.worker)).decode().split(":")
+        assert fraction == "0.5"
+        await redis.hset(key, pacing.worker, f"{int(at) - 10**6}:0.5")
+        pacing._used["acme"] -= 1.0  # last heard of a second ago: idle since
+        await pacing._beat_once()
+        renewed = int((await redis.hget(key, pacing.worker)).decode().split(":")[0])
+        assert 0 <= await redis_micros(redis) - renewed < SLACK * 1e6
+    finally:
+        await pacing.aclose()
+    assert not await redis.hexists(key, pacing.worker)  # gone, not lapsed
+
+
+async def test_workers_with_other_limits_are_told_once(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: workers at Rate(50) and Rate(100) for one store drew 429s, nothing logged."""
+    async with (
+        RedisLimiter(redis_server.url, prefix=prefix) as fifty,
+        RedisLimiter(redis_server.url, prefix=prefix) as hundred,
+        RedisLimiter(redis_server.url, prefix=prefix) as same,
+    ):
+        fifty.bind("acme", Limits(global_rate=Rate(50)))
+        hundred.bind("acme", Limits(global_rate=Rate(100)))
+        same.bind("acme", Limits(global_rate=Rate(50)))
+        with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+            for _ in range(3):
+                for limiter in (fifty, hundred):
+                    await limiter.pacing.reserve("acme", "global", 0.001)
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 2  # once by each worker
+        assert "one start every 0.02s, this one for every 0.01s" in messages[0]
+        assert "one start every 0.01s, this one for every 0.02s" in messages[1]
+        caplog.clear()
+        fifty.bind("acme", Limits(global_rate=Rate(50)))
+        await fifty.pacing.reserve("acme", "global", 0.001)
+        await same.pacing.reserve("acme", "global", 0.001)
+        assert caplog.records == []
+
+
+async def test_a_redis_clock_step_back_is_repaired_and_logged(
+    redis_server: RedisServer,
+    redis: aioredis.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: a key written 5 s ahead of Redis's clock (a failover to a node that is
+    behind) stopped every worker for 5 s, nothing logged."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    gcra = pacing.keys("acme", "global")[0]
+    try:
+        assert await pacing.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        ahead = await redis_micros(redis) + 5_000_000
+        await redis.hset(gcra, mapping={"tat": ahead + 1_000_000, "at": ahead})
+        with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+            assert 1.0 - SLACK < await wait(pacing, "acme", "global", 1.0) <= 1.0
+            assert 2.0 - SLACK < await wait(pacing, "acme", "global", 1.0) <= 2.0
+        (record,) = caplog.records
+        assert "reads 5.0" in record.getMessage()
+    finally:
+        await pacing.aclose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,10 +748,40 @@ def test_bad_configuration_is_a_config_error(
         RedisLimiter(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def test_the_url_password_never_shows() -> None:
-    limiter = RedisLimiter("redis://user:hunter2@cache.internal:6380/2")
-    assert "hunter2" not in repr(limiter) + repr(limiter.pacing)
-    assert limiter.pacing.where == "redis://cache.internal:6380/2"
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("redis://user:hunter2@cache.internal:6380/2", "redis://cache.internal:6380/2"),
+        ("redis://default:hunter2/abcd@cache.internal", "redis://cache.internal"),
+        ("redis://:hunter2#xy@cache.internal", "redis://cache.internal"),
+        ("redis://cache.internal:hunter2", "redis://cache.internal"),
+        ("redis://cache.internal/0?password=hunter2", "redis://cache.internal/0"),
+        ("rediss://u:hunter2@[fe80::1]:7000/3", "rediss://[fe80::1]:7000/3"),
+        ("unix://:hunter2@/run/redis.sock?db=1", "unix:///run/redis.sock"),
+    ],
+)
+def test_the_url_password_never_shows(url: str, where: str) -> None:
+    limiter = RedisLimiter(url)
+    assert limiter.pacing.where == where
+    message = str(limiter.pacing._unavailable("acme", OSError()))
+    assert "hunter2" not in repr(limiter) + repr(limiter.pacing) + message
+    assert where in message
+
+
+def test_a_malformed_url_shows_no_password_in_the_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        RedisLimiter("redis:/:hunter2@cache.internal")
+    assert "hunter2" not in str(info.value)
+    assert "redis://cache.internal" in str(info.value)
+
+
+async def test_tls_against_a_plain_port_says_so(redis_server: RedisServer) -> None:
+    pacing = RedisPacing(redis_server.url.replace("redis://", "rediss://"), timeout=0.3)
+    try:
+        with pytest.raises(LimiterUnavailableError, match="does that port serve TLS"):
+            await pacing.reserve("acme", "global", 1.0)
+    finally:
+        await pacing.aclose()
 
 
 # --------------------------------------------------------------------------------------------
