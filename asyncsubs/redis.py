@@ -17,26 +17,44 @@ through :class:`RedisPacing`, the :class:`~asyncsubs._limiter.PacingBackend` for
 Design
 ------
 - One acquire is one round trip: ``EVALSHA`` of a Lua script doing GCRA without burst. The
-  pool's key holds its *theoretical arrival time* (TAT) in microseconds of Redis ``TIME``; the
-  script claims ``slot = max(now, tat, pause_end)``, stores ``tat = slot + interval`` and returns
-  ``slot - now``, which the client sleeps exactly (a timer, no polling). Every clock reading is
-  Redis's, so host clocks never matter.
-- Keys: ``{prefix}:{{store}}:tat:{pool}`` and ``{prefix}:{{store}}:pause:{pool}``. The ``{store}``
-  hash tag keeps a store's keys in one Redis Cluster slot. A TAT key expires ``idle_ttl`` seconds
-  after its last slot has passed; a pause key when its pause ends. Nothing else is ever stored.
-- A 429 seen by any process sets the pool's pause key (never shortening a longer pause); every
-  process's next slot comes after it.
+  pool's GCRA hash holds its *theoretical arrival time* (TAT) in microseconds of Redis
+  ``TIME``; the script claims ``slot = max(now, tat, pause_end)``, stores ``tat = slot +
+  interval`` and returns ``slot - now``, which the client sleeps exactly (a timer, no polling),
+  with the pool's shared 429 slowdown. Every clock reading is Redis's, so host clocks never
+  matter.
+- Keys per ``(store, pool)``: ``{prefix}:{{store}}:gcra:{pool}`` (TAT, the configured
+  interval, when written), ``...:pause:{pool}``, ``...:slowdown:{pool}``; per store
+  ``{prefix}:{{store}}:workers``. The ``{store}`` hash tag keeps a store's keys in one Redis
+  Cluster slot. Every key expires on its own: the GCRA hash ``idle_ttl`` seconds after its last
+  slot, a pause when it ends, a slowdown after ten half-lives, the workers hash
+  :data:`FORGET_AFTER` seconds after its last entry.
+- A 429 seen by any process sets the pool's pause (never shortening a longer one) and raises
+  its slowdown (never lowering it); every process's next slot comes after and slower.
+- Each pool's configured interval goes with its key: a worker configured otherwise than the
+  last one logs a WARNING once per pool (``Limits`` must be the same in every worker).
+- A key written later than Redis's clock now reads (a failover to a node that is behind)
+  has its TAT moved back by as much, with a WARNING, instead of stalling the pool.
 
 When Redis fails
 ----------------
-Redis unreachable, timing out or answering with an error:
+Redis unreachable, timing out or answering with an error (``timeout`` seconds for connects and
+commands): the backend is *down* from that failure until a background recheck, the reserve
+script on keys of its own every ``recheck_after`` seconds, succeeds. While down no request
+waits on Redis, so a pool's queue does not wait out one timeout per request. A WARNING says
+when it goes down and when it answers again (at most once a minute; DEBUG otherwise).
 
-- by default, the request fails with :class:`~asyncsubs.errors.LimiterUnavailableError` and is
-  not sent (never silently unlimited). Connect and command timeouts are ``timeout`` seconds.
+- by default, requests fail with :class:`~asyncsubs.errors.LimiterUnavailableError` and are
+  not sent (never silently unlimited).
 - with ``fallback_fraction=f``, each process paces on its own at ``f`` times each rate (use
-  ``1 / number of processes`` or less) and logs a WARNING on ``asyncsubs.redis``; a background
-  ``PING`` every ``recheck_after`` seconds finds Redis again (another WARNING says so), and
-  acquisitions never wait on a Redis that is known to be down.
+  ``1 / number of processes`` or less).
+
+A partial outage (some workers lose Redis, the others do not) keeps the budget: every worker
+records itself in the store's workers hash with each reserve (and, with a fallback, with a
+heartbeat every ``timeout / 4`` while idle). A worker with a fallback not heard of for
+``timeout`` seconds may be pacing alone: the others pace at ``1 - sum of such fractions`` of
+each rate (at least a tenth) until it is back or forgotten. A worker that falls back first
+holds until ``timeout`` after Redis last heard of it for the store, so that the others have
+noticed before it starts on its own.
 """
 
 from __future__ import annotations
@@ -67,7 +85,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("asyncsubs.redis needs redis-py: pip install 'asyncsubs[redis]'") from exc
 
-__all__ = ["RedisClient", "RedisLimiter", "RedisPacing"]
+__all__ = ["FORGET_AFTER", "RedisClient", "RedisLimiter", "RedisPacing"]
 
 logger = logging.getLogger("asyncsubs.redis")
 
@@ -613,9 +631,10 @@ class RedisLimiter(Limiter):
       :class:`~asyncsubs.errors.LimiterUnavailableError` while Redis fails; a fraction in
       (0, 1] makes each process pace alone at that fraction of each rate instead, with a
       WARNING logged on ``asyncsubs.redis`` when it starts and ends.
-    - ``timeout``: seconds for connecting to Redis and for each command (URL only).
+    - ``timeout``: seconds for connecting to Redis and for each command (URL only); also how
+      long a silent worker is waited for before the others take it to pace alone.
     - ``idle_ttl``: seconds a pool's key outlives its last slot before Redis deletes it.
-    - ``recheck_after``: seconds between background PINGs while falling back.
+    - ``recheck_after``: seconds between background rechecks while Redis is down.
 
     Close it with ``await limiter.aclose()`` or ``async with RedisLimiter(...) as limiter``
     (clients are per event loop; a client passed in is left open).
