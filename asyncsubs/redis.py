@@ -521,6 +521,12 @@ class RedisPacing:
         hold = self._used.get(store, -math.inf) + self.lapse - time.monotonic()
         if hold > 0:
             await self._memory.pause(store, pool, hold, 1.0)
+        limits = self.limits.get(store)
+        if limits is not None and self.fallback_fraction is not None:
+            # One start less per window: the others' starts and these are two streams that
+            # each may round up by one in a window, and the margin leaves room for one only.
+            share = self.fallback_fraction * limits.rate_for(pool).n
+            interval *= share / max(share - 1, share / 2)
         return await self._memory.reserve(store, pool, interval)
 
     # -- failures ----------------------------------------------------------------------------
