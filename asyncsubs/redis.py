@@ -46,7 +46,7 @@ when it goes down and when it answers again (at most once a minute; DEBUG otherw
 - by default, requests fail with :class:`~asyncsubs.errors.LimiterUnavailableError` and are
   not sent (never silently unlimited).
 - with ``fallback_fraction=f``, each process paces on its own at ``f`` times each rate (use
-  ``1 / number of processes`` or less).
+  ``1 / number of processes`` or less), less one start per window (see ``_alone``).
 
 A partial outage (some workers lose Redis, the others do not) keeps the budget: every worker
 records itself in the store's workers hash with each reserve (and, with a fallback, with a

@@ -39,6 +39,7 @@ from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
 from asyncsubs.redis import FORGET_AFTER, RedisLimiter, RedisPacing
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits
+from benchmarks.bench_redis import Proxy
 
 # Start the cluster node with the first test, so its start-up delay overlaps the others.
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("redis_cluster_node")]
@@ -634,6 +635,33 @@ async def test_workers_that_may_pace_alone_leave_their_fraction_unused(
         assert await redis.hexists(pacing.workers_key("lapsed"), "other")
     finally:
         await pacing.aclose()
+
+
+async def test_a_partitioned_worker_leaves_its_fraction_to_itself(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """One worker cut off from Redis (a proxy that drops its connections and leaves new ones
+    unanswered) paces alone; the other, once it has missed it for ``timeout``, paces at what
+    is left."""
+    proxy = Proxy(redis_server.url)
+    cut_off = RedisPacing(proxy.url, prefix=prefix, fallback_fraction=0.5, timeout=0.3)
+    other = RedisPacing(redis_server.url, prefix=prefix, timeout=0.3)
+    try:
+        assert await cut_off.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(other, "acme", "global", 1.0) <= 1.0
+        proxy.cut()
+        await cut_off.reserve("acme", "global", 1.0)  # times out, then paces alone
+        assert cut_off.fallback_active
+        # More than the lapse (0.3 s) since Redis last heard of cut_off: half the rate is left,
+        # so each slot other claims now is two intervals from the next.
+        first = await wait(other, "acme", "global", 1.0)
+        second = await wait(other, "acme", "global", 1.0)
+        assert 2.0 - SLACK < second - first < 2.0 + SLACK
+    finally:
+        proxy.heal()
+        await cut_off.aclose()
+        await other.aclose()
+        proxy.close()
 
 
 async def test_an_idle_worker_that_may_pace_alone_keeps_its_heartbeat(
