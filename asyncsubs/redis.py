@@ -590,7 +590,17 @@ class RedisPacing:
             await asyncio.sleep(self.recheck_after)
             try:
                 await _RESERVE(self.client(), keys, args)
-            except _FAILURES:
+            except _FAILURES as exc:
+                now = time.monotonic()
+                if self._down_level != logging.WARNING and now - self._down_logged_at >= _LOG_EVERY:
+                    # An outage told at DEBUG only (it followed another closely) that lasts.
+                    self._down_level, self._down_logged_at = logging.WARNING, now
+                    logger.warning(
+                        "Redis rate limiter at %s still fails (%s%s)",
+                        self.where,
+                        type(exc).__name__,
+                        self._hint(exc),
+                    )
                 continue
             self._down = False
             logger.log(

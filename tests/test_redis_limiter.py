@@ -32,6 +32,7 @@ from redis_fixtures import (  # noqa: F401 - the fixtures register by their name
     redis_server_fixture,
 )
 
+import asyncsubs.redis
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, Slowdown
 from asyncsubs._limiter import PacingBackend
@@ -584,6 +585,7 @@ async def test_a_script_refused_while_ping_answers_keeps_redis_down(
     redis: aioredis.Redis,
     prefix: str,
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Regression: a recheck by PING called a Redis up that refused every script (out of
     memory), and the WARNINGs alternated every second."""
@@ -604,10 +606,22 @@ async def test_a_script_refused_while_ping_answers_keeps_redis_down(
                 await own.config_set("maxmemory", 0)
                 await asyncio.wait_for(probe, 5)
                 assert not pacing.down
+            # A third outage close after, which lasts: told at WARNING once it has lasted.
+            monkeypatch.setattr(asyncsubs.redis, "_LOG_EVERY", 0.1)
+            pacing._down_logged_at = time.monotonic()
+            await own.config_set("maxmemory", 1)
+            with pytest.raises(LimiterUnavailableError):
+                await pacing.reserve("acme", "global", 0.01)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pacing._probe), 0.3)
+            await own.config_set("maxmemory", 0)
+            await asyncio.wait_for(pacing._probe, 5)
         records = [(r.levelno, r.getMessage()) for r in caplog.records]
-        assert [level for level, _ in records] == [logging.WARNING] * 2 + [logging.DEBUG] * 2
+        levels = [level for level, _ in records]
+        assert levels == [logging.WARNING] * 2 + [logging.DEBUG] * 3 + [logging.WARNING] * 2
         assert "failed (OutOfMemoryError)" in records[0][1]
         assert "answers again" in records[1][1]
+        assert "still fails (OutOfMemoryError)" in records[5][1]
     finally:
         await pacing.aclose()
         await own.aclose()
