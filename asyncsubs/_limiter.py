@@ -38,7 +38,7 @@ import logging
 import math
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
@@ -157,7 +157,6 @@ class _Pool:
         self.turn = _FifoGate(1)
         self.jitter = Jitter(rate.n)
         self.slowdown = Slowdown()
-        self.starts: deque[float] = deque(maxlen=2 * rate.n + 2)  # recent starts, for 429s
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = 0.0
         self.paced_by = "start"
@@ -263,10 +262,11 @@ class StoreLimiter:
         if slot.due > p.slowdown.widened_at:  # else it was sent before the last widening
             rate = p.server_rate or p.rate
             since = max(p.run_start, slot.due - rate.per)
-            accepted = 0
-            if p.pause_until <= since:
-                accepted = sum(1 for t in p.starts if since <= t < slot.due)
-            # A count of one or two says more about one start stamped late than about a quota.
+            # The pool's starts in the window before the refused one, as the store made them:
+            # every process sharing the backend starts one per interval, so the count comes
+            # from the interval, not from this process's own starts (a fraction of them).
+            # Under 3 it says more about one start stamped late than about a quota.
+            accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
         self._pause(p, loop, pause or 0.0, p.slowdown.value(now))
@@ -288,7 +288,6 @@ class StoreLimiter:
                 p.server_rate = new
                 n = (new or p.rate).n
                 p.jitter.needed = min(p.jitter.needed, n + 1)
-                p.starts = deque(p.starts, maxlen=2 * n + 2)
         if (
             limit.remaining == 0
             and limit.reset
@@ -382,7 +381,6 @@ class StoreLimiter:
             p.last_start < p.pause_until <= due
         ):
             p.run_start = due
-        p.starts.append(due)
         p.last_start = due
         p.requests += 1
         p.wait_seconds += loop.time() - queued_at

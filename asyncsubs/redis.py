@@ -17,26 +17,44 @@ through :class:`RedisPacing`, the :class:`~asyncsubs._limiter.PacingBackend` for
 Design
 ------
 - One acquire is one round trip: ``EVALSHA`` of a Lua script doing GCRA without burst. The
-  pool's key holds its *theoretical arrival time* (TAT) in microseconds of Redis ``TIME``; the
-  script claims ``slot = max(now, tat, pause_end)``, stores ``tat = slot + interval`` and returns
-  ``slot - now``, which the client sleeps exactly (a timer, no polling). Every clock reading is
-  Redis's, so host clocks never matter.
-- Keys: ``{prefix}:{{store}}:tat:{pool}`` and ``{prefix}:{{store}}:pause:{pool}``. The ``{store}``
-  hash tag keeps a store's keys in one Redis Cluster slot. A TAT key expires ``idle_ttl`` seconds
-  after its last slot has passed; a pause key when its pause ends. Nothing else is ever stored.
-- A 429 seen by any process sets the pool's pause key (never shortening a longer pause); every
-  process's next slot comes after it.
+  pool's GCRA hash holds its *theoretical arrival time* (TAT) in microseconds of Redis
+  ``TIME``; the script claims ``slot = max(now, tat, pause_end)``, stores ``tat = slot +
+  interval`` and returns ``slot - now``, which the client sleeps exactly (a timer, no polling),
+  with the pool's shared 429 slowdown. Every clock reading is Redis's, so host clocks never
+  matter.
+- Keys per ``(store, pool)``: ``{prefix}:{{store}}:gcra:{pool}`` (TAT, the configured
+  interval, when written), ``...:pause:{pool}``, ``...:slowdown:{pool}``; per store
+  ``{prefix}:{{store}}:workers``. The ``{store}`` hash tag keeps a store's keys in one Redis
+  Cluster slot. Every key expires on its own: the GCRA hash ``idle_ttl`` seconds after its last
+  slot, a pause when it ends, a slowdown after ten half-lives, the workers hash
+  :data:`FORGET_AFTER` seconds after its last entry.
+- A 429 seen by any process sets the pool's pause (never shortening a longer one) and raises
+  its slowdown (never lowering it); every process's next slot comes after and slower.
+- Each pool's configured interval goes with its key: a worker configured otherwise than the
+  last one logs a WARNING once per pool (``Limits`` must be the same in every worker).
+- A key written later than Redis's clock now reads (a failover to a node that is behind)
+  has its TAT moved back by as much, with a WARNING, instead of stalling the pool.
 
 When Redis fails
 ----------------
-Redis unreachable, timing out or answering with an error:
+Redis unreachable, timing out or answering with an error (``timeout`` seconds for connects and
+commands): the backend is *down* from that failure until a background recheck, the reserve
+script on keys of its own every ``recheck_after`` seconds, succeeds. While down no request
+waits on Redis, so a pool's queue does not wait out one timeout per request. A WARNING says
+when it goes down and when it answers again (at most once a minute; DEBUG otherwise).
 
-- by default, the request fails with :class:`~asyncsubs.errors.LimiterUnavailableError` and is
-  not sent (never silently unlimited). Connect and command timeouts are ``timeout`` seconds.
+- by default, requests fail with :class:`~asyncsubs.errors.LimiterUnavailableError` and are
+  not sent (never silently unlimited).
 - with ``fallback_fraction=f``, each process paces on its own at ``f`` times each rate (use
-  ``1 / number of processes`` or less) and logs a WARNING on ``asyncsubs.redis``; a background
-  ``PING`` every ``recheck_after`` seconds finds Redis again (another WARNING says so), and
-  acquisitions never wait on a Redis that is known to be down.
+  ``1 / number of processes`` or less), less one start per window (see ``_alone``).
+
+A partial outage (some workers lose Redis, the others do not) keeps the budget: every worker
+records itself in the store's workers hash with each reserve (and, with a fallback, with a
+heartbeat every ``timeout / 4`` while idle). A worker with a fallback not heard of for
+``timeout`` seconds may be pacing alone: the others pace at ``1 - sum of such fractions`` of
+each rate (at least a tenth) until it is back or forgotten. A worker that falls back first
+holds until ``timeout`` after Redis last heard of it for the store, so that the others have
+noticed before it starts on its own.
 """
 
 from __future__ import annotations
@@ -45,13 +63,16 @@ import asyncio
 import hashlib
 import logging
 import math
-import urllib.parse
+import ssl
+import time
+import uuid
 import weakref
 from types import TracebackType
 from typing import Any, Final, TypeAlias
 
 from ._calibration import SLOWDOWN_HALF_LIFE
-from ._limiter import Limiter, MemoryPacing
+from ._config import Limits
+from ._limiter import Limiter, MemoryPacing, StoreLimiter
 from .errors import ConfigError, LimiterUnavailableError
 
 try:
@@ -60,10 +81,11 @@ try:
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("asyncsubs.redis needs redis-py: pip install 'asyncsubs[redis]'") from exc
 
-__all__ = ["RedisClient", "RedisLimiter", "RedisPacing"]
+__all__ = ["FORGET_AFTER", "RedisClient", "RedisLimiter", "RedisPacing"]
 
 logger = logging.getLogger("asyncsubs.redis")
 
@@ -74,28 +96,79 @@ _US: Final = 1_000_000
 _HALF_LIFE_US: Final = int(SLOWDOWN_HALF_LIFE * _US)
 #: A slowdown key outlives its last widening by ten half-lives (its excess then < 0.1%).
 _SLOWDOWN_TTL_MS: Final = int(SLOWDOWN_HALF_LIFE * 10 * 1000)
+#: Seconds after which a worker that has not been heard of is forgotten (one killed without
+#: ``aclose()``): until then, if it may pace alone, the others leave its fraction unused.
+FORGET_AFTER: Final = 60.0
+_FORGET_MS: Final = int(FORGET_AFTER * 1000)
+#: The least share of a rate left to the workers that still see Redis, however many pace alone.
+_LEAST_SHARE: Final = 0.1
+#: A step back of Redis's clock this large (seconds) is logged; smaller ones are repaired quietly.
+_LOGGED_STEP: Final = 0.01
+#: A worker whose limiter backend is down logs it at most once per this many seconds.
+_LOG_EVERY: Final = 60.0
 
 # GCRA without burst on Redis's clock. Integers of microseconds since the epoch are exact in
 # Lua's doubles (up to 2**53); '%.0f' writes them whole (tostring() would keep 14 digits only).
 # Redis >= 5 replicates scripts by effects, so TIME before a write is allowed; the guarded
 # replicate_commands() call makes Redis 3.2/4 do the same.
+#
+# KEYS: gcra (hash: tat, interval, at: when written), pause, slowdown (hash: excess, at),
+# workers (hash: worker -> "at:fraction", one per store). ARGV: interval, idle ms, slowdown
+# half-life, configured interval (0: unknown), worker id, its fallback fraction (0: none),
+# lapse, forget ms, least share; times in microseconds. Returns {wait, slowdown, another
+# worker's configured interval or 0, how far Redis's clock went back since the key was
+# written or 0}.
 RESERVE_SCRIPT: Final = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = tonumber(redis.call('GET', KEYS[1])) or 0
+local interval = tonumber(ARGV[1])
+local configured = tonumber(ARGV[4])
+local lapse = tonumber(ARGV[7])
+local forget = tonumber(ARGV[8]) * 1000
+-- Workers not heard of for longer than the lapse may be pacing alone at their fallback
+-- fraction: the others leave that much of the rate unused.
+local workers = redis.call('HGETALL', KEYS[4])
+local alone = 0
+for i = 1, #workers, 2 do
+  if workers[i] ~= ARGV[5] then
+    local sep = string.find(workers[i + 1], ':', 1, true)
+    local age = now - (tonumber(string.sub(workers[i + 1], 1, sep - 1)) or 0)
+    if age >= forget then
+      redis.call('HDEL', KEYS[4], workers[i])
+    elseif age > lapse then
+      alone = alone + (tonumber(string.sub(workers[i + 1], sep + 1)) or 0)
+    end
+  end
+end
+redis.call('HSET', KEYS[4], ARGV[5], string.format('%.0f', now) .. ':' .. ARGV[6])
+redis.call('PEXPIRE', KEYS[4], ARGV[8])
+interval = interval / math.max(1 - alone, tonumber(ARGV[9]))
+local state = redis.call('HMGET', KEYS[1], 'tat', 'interval', 'at')
+local tat = tonumber(state[1]) or 0
+local stored = tonumber(state[2]) or 0
+local other = 0
+if configured > 0 and stored > 0 and stored ~= configured then other = stored end
+if configured > 0 then stored = configured end
+-- Written later than now: Redis's clock went back (a failover to a node that is behind).
+-- The TAT moves back as far, so the wait stays what the claims made it.
+local stepped = math.max(0, (tonumber(state[3]) or 0) - now)
+tat = tat - stepped
 local pause_end = tonumber(redis.call('GET', KEYS[2])) or 0
 local slot = math.max(now, tat, pause_end)
-local new_tat = slot + tonumber(ARGV[1])
+local new_tat = slot + interval
 local ttl = math.ceil((new_tat - now) / 1000) + tonumber(ARGV[2])
-redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%.0f', ttl))
+redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', new_tat), 'interval',
+  string.format('%.0f', stored), 'at', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl))
 local slow = redis.call('HMGET', KEYS[3], 'excess', 'at')
 local slowdown = 1
 if slow[1] and slow[2] then
   local age = math.max(0, now - tonumber(slow[2]))
   slowdown = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
 end
-return {slot - now, tostring(slowdown)}
+return {slot - now, tostring(slowdown), string.format('%.0f', other),
+  string.format('%.0f', stepped)}
 """
 
 # A pause never shortens a longer one (its key expires when it ends); a slowdown never lowers
@@ -129,6 +202,18 @@ end
 return 1
 """
 
+# A worker that may pace alone, idle for a store, says it is alive (KEYS: workers; ARGV: worker
+# id, fraction, forget ms) or, closing, that it is gone (fraction empty).
+HEARTBEAT_SCRIPT: Final = """
+if ARGV[2] == '' then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now) .. ':' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
 #: What counts as Redis failing (redis-py wraps most socket errors; OSError covers the rest,
 #: TimeoutError included).
 _FAILURES: Final = (RedisError, OSError)
@@ -151,6 +236,7 @@ class _Script:
 
 _RESERVE: Final = _Script(RESERVE_SCRIPT)
 _PAUSE: Final = _Script(PAUSE_SCRIPT)
+_HEARTBEAT: Final = _Script(HEARTBEAT_SCRIPT)
 
 
 def _escape(text: str) -> str:
@@ -164,20 +250,34 @@ def _micros(seconds: float) -> int:
 
 
 def _redacted(url: str) -> str:
-    """``scheme://host:port/db`` without credentials, for messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
+    """``scheme://host:port/db`` without credentials, for messages and logs.
+
+    Read by hand rather than with urlsplit: in a malformed URL (a password holding '/' or '#',
+    a missing slash) the parser takes part of the password for a path, port or fragment.
+    Everything up to the last '@' is taken for credentials, the query and fragment are dropped,
+    and a path is shown only when it is a database number.
+    """
+    scheme, sep, rest = url.partition(":")
+    if not sep:
         return "<unparsable Redis URL>"
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    rest = rest.lstrip("/").rpartition("@")[2]
+    if scheme == "unix":
+        return f"unix:///{rest.split('?')[0].split('#')[0].lstrip('/')}"
+    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    host, path = rest[:cut], rest[cut:].split("?")[0].split("#")[0]
+    name, colon, port = host.rpartition(":")
+    if colon and not name.endswith("]") and ":" not in name and not port.isdigit():
+        host = name  # "host:secret": not a port, keep it out
+    db = path if path[1:].isdigit() else ""
+    return f"{scheme}://{host}{db}"
 
 
 def _describe(client: RedisClient) -> str:
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
     if isinstance(kwargs, dict) and "host" in kwargs:
-        return f"redis://{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        host = str(kwargs["host"])
+        host = f"[{host}]" if ":" in host else host  # IPv6
+        return f"redis://{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
     return f"the given {type(client).__name__} client"
 
 
@@ -247,24 +347,49 @@ class RedisPacing:
             weakref.WeakKeyDictionary()
         )
         self._idle_ms = math.ceil(self.idle_ttl * 1000)
-        # Fallback state: pacing in this process while Redis is down, and the recovery probe.
-        self._memory = MemoryPacing()
+        #: Each store's Limits, as bound (RedisLimiter.bind): the configured interval of each
+        #: pool goes with its key, so that workers configured differently are told.
+        self.limits: dict[str, Limits] = {}
+        self.worker = uuid.uuid4().hex[:16]  #: this backend's name among a store's workers
+        self._used: dict[str, float] = {}  # store -> last time this worker was heard of for it
+        self._mismatched: set[tuple[str, str]] = set()  # (store, pool) told once
+        # Down state: requests neither wait on Redis nor call it until the recheck succeeds.
+        self._memory = MemoryPacing()  # fallback pacing while down
         self._down = False
+        self._down_logged_at = -math.inf
+        self._down_level = logging.WARNING
         self._probe: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        state = " (down, in-process fallback)" if self._down else ""
+        state = ""
+        if self._down:
+            state = " (down, in-process fallback)" if self.fallback_fraction else " (down)"
         return f"<RedisPacing {self.where} prefix={self.prefix!r}{state}>"
 
     @property
     def fallback_active(self) -> bool:
         """True while Redis is known to be down and this process paces on its own."""
+        return self._down and self.fallback_fraction is not None
+
+    @property
+    def down(self) -> bool:
+        """True while Redis is known to be down (until a background recheck succeeds)."""
         return self._down
 
+    @property
+    def lapse(self) -> float:
+        """Seconds without news of a worker after which the others take it to pace alone."""
+        return self.timeout
+
     def keys(self, store: str, pool: str) -> tuple[str, str, str]:
-        """The TAT, pause and slowdown keys of ``(store, pool)``."""
+        """The GCRA (next slot and configured interval), pause and slowdown keys of a pool."""
         base = f"{self.prefix}:{{{_escape(store)}}}"
-        return f"{base}:tat:{pool}", f"{base}:pause:{pool}", f"{base}:slowdown:{pool}"
+        return f"{base}:gcra:{pool}", f"{base}:pause:{pool}", f"{base}:slowdown:{pool}"
+
+    def workers_key(self, store: str) -> str:
+        """The hash of the workers using ``store``: when each was last heard of, its fraction."""
+        return f"{self.prefix}:{{{_escape(store)}}}:workers"
 
     def client(self) -> RedisClient:
         """The Redis client for the running loop (made on first use from a URL)."""
@@ -288,14 +413,24 @@ class RedisPacing:
         return client
 
     async def aclose(self) -> None:
-        """Close the client this backend made for the running loop (a given client stays open)."""
+        """Leave the stores' worker lists and close the client made for the running loop (a
+        given client stays open)."""
         loop = asyncio.get_running_loop()
-        probe, self._probe = self._probe, None
-        if probe is not None and not probe.done():
-            probe.cancel()
-            if probe.get_loop() is loop:
-                # Wait for it to end, so that closing the loop finds no pending task.
-                await asyncio.gather(probe, return_exceptions=True)
+        for name in ("_probe", "_heartbeat"):
+            task: asyncio.Task[None] | None = getattr(self, name)
+            setattr(self, name, None)
+            if task is not None and not task.done():
+                task.cancel()
+                if task.get_loop() is loop:
+                    # Wait for it to end, so that closing the loop finds no pending task.
+                    await asyncio.gather(task, return_exceptions=True)
+        if not self._down and (self._client is not None or loop in self._clients):
+            # Gone, not lapsed: the others need not keep this worker's fraction free.
+            stores, self._used = list(self._used), {}
+            left = [
+                _HEARTBEAT(self.client(), [self.workers_key(s)], [self.worker, ""]) for s in stores
+            ]
+            await asyncio.gather(*left, return_exceptions=True)
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
@@ -304,27 +439,66 @@ class RedisPacing:
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
         fraction = self.fallback_fraction
-        if fraction is not None and self._down:
+        if self._down:
             self._start_probe()
-            return await self._memory.reserve(store, pool, interval / fraction)
+            if fraction is None:
+                raise self._unavailable(store, None)
+            return await self._alone(store, pool, interval / fraction)
+        limits = self.limits.get(store)
+        configured = 0 if limits is None else _micros(limits.rate_for(pool).interval)
+        args: list[int | str] = [
+            _micros(interval),
+            self._idle_ms,
+            _HALF_LIFE_US,
+            configured,
+            self.worker,
+            repr(fraction or 0.0),
+            _micros(self.lapse),
+            _FORGET_MS,
+            repr(_LEAST_SHARE),
+        ]
         try:
             reply = await _RESERVE(
-                self.client(),
-                list(self.keys(store, pool)),
-                [_micros(interval), self._idle_ms, _HALF_LIFE_US],
+                self.client(), [*self.keys(store, pool), self.workers_key(store)], args
             )
             wait, slowdown = int(reply[0]) / _US, float(reply[1])
+            other, stepped = int(reply[2]), int(reply[3]) / _US
         except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
+            self._enter_down(store, exc)
             if fraction is None:
                 raise self._unavailable(store, exc) from exc
-            self._enter_fallback(store, exc)
-            return await self._memory.reserve(store, pool, interval / fraction)
+            return await self._alone(store, pool, interval / fraction)
+        self._used[store] = time.monotonic()
+        if fraction is not None:
+            self._start_heartbeat()
+        if other and (store, pool) not in self._mismatched:
+            self._mismatched.add((store, pool))
+            logger.warning(
+                "store %r pool %r: another worker sharing Redis at %s is configured for one"
+                " start every %.6gs, this one for every %.6gs: give every worker of a store the"
+                " same Limits, or together they exceed its budget",
+                store,
+                pool,
+                self.where,
+                other / _US,
+                configured / _US,
+            )
+        if stepped >= _LOGGED_STEP:
+            logger.warning(
+                "store %r pool %r: Redis at %s reads %.3fs earlier than when it last paced the"
+                " pool (a failover to a node whose clock is behind?); the pool's next slot was"
+                " moved back as far",
+                store,
+                pool,
+                self.where,
+                stepped,
+            )
         return wait, slowdown
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         # Also kept in memory, so a fallback that starts during the pause still honours it.
         await self._memory.pause(store, pool, seconds, slowdown)
-        if self.fallback_fraction is not None and self._down:
+        if self._down:
             return
         _, pause_key, slowdown_key = self.keys(store, pool)
         args: list[int | str] = [
@@ -336,34 +510,69 @@ class RedisPacing:
         try:
             await _PAUSE(self.client(), [pause_key, slowdown_key], args)
         except _FAILURES as exc:
+            self._enter_down(store, exc)
             if self.fallback_fraction is None:
                 raise self._unavailable(store, exc) from exc
-            self._enter_fallback(store, exc)
+
+    async def _alone(self, store: str, pool: str, interval: float) -> tuple[float, float]:
+        """Pace in this process. Until the others can have noticed this worker's silence
+        (``lapse`` after Redis last heard of it for the store), it holds: until then they
+        still use the whole rate."""
+        hold = self._used.get(store, -math.inf) + self.lapse - time.monotonic()
+        if hold > 0:
+            await self._memory.pause(store, pool, hold, 1.0)
+        limits = self.limits.get(store)
+        if limits is not None and self.fallback_fraction is not None:
+            # One start less per window: the others' starts and these are two streams that
+            # each may round up by one in a window, and the margin leaves room for one only.
+            share = self.fallback_fraction * limits.rate_for(pool).n
+            interval *= share / max(share - 1, share / 2)
+        return await self._memory.reserve(store, pool, interval)
 
     # -- failures ----------------------------------------------------------------------------
 
-    def _unavailable(self, store: str, exc: BaseException) -> LimiterUnavailableError:
+    def _unavailable(self, store: str, exc: BaseException | None) -> LimiterUnavailableError:
         # The exception's type only: redis-py messages are safe today, but a URL with its
         # password must never reach a log through one. The cause stays chained.
+        what = "is down" if exc is None else f"failed ({type(exc).__name__}{self._hint(exc)})"
         return LimiterUnavailableError(
-            f"Redis rate limiter at {self.where} failed for store {store!r}"
-            f" ({type(exc).__name__}); the request was not sent. RedisLimiter(...,"
-            " fallback_fraction=f) paces each process on its own at f x the rate instead"
+            f"Redis rate limiter at {self.where} {what}; the request for store {store!r} was"
+            " not sent. RedisLimiter(..., fallback_fraction=f) paces each process on its own"
+            " at f x the rate instead"
         )
 
-    def _enter_fallback(self, store: str, exc: BaseException) -> None:
+    def _hint(self, exc: BaseException) -> str:
+        if self.where.startswith("rediss://") and isinstance(
+            exc, TimeoutError | ssl.SSLError | RedisConnectionError | RedisTimeoutError
+        ):
+            return "; rediss:// speaks TLS: does that port serve TLS?"
+        return ""
+
+    def _enter_down(self, store: str, exc: BaseException) -> None:
         if self._down:
             return
         self._down = True
-        assert self.fallback_fraction is not None
-        logger.warning(
-            "Redis rate limiter at %s failed (%s): store %r and every other store of this"
-            " limiter now paced in this process alone at %.0f%% of each rate until Redis"
-            " answers again",
+        now = time.monotonic()
+        # A Redis that fails every few seconds is told at most once a minute at WARNING.
+        self._down_level = (
+            logging.DEBUG if now - self._down_logged_at < _LOG_EVERY else logging.WARNING
+        )
+        if self._down_level == logging.WARNING:
+            self._down_logged_at = now
+        if self.fallback_fraction is None:
+            then = "requests of every store of this limiter fail with LimiterUnavailableError"
+        else:
+            then = (
+                f"store {store!r} and every other store of this limiter now paced in this"
+                f" process alone at {self.fallback_fraction * 100:.0f}% of each rate"
+            )
+        logger.log(
+            self._down_level,
+            "Redis rate limiter at %s failed (%s%s): %s until it answers again",
             self.where,
             type(exc).__name__,
-            store,
-            self.fallback_fraction * 100,
+            self._hint(exc),
+            then,
         )
         self._start_probe()
 
@@ -372,17 +581,58 @@ class RedisPacing:
             self._probe = asyncio.get_running_loop().create_task(self._recheck())
 
     async def _recheck(self) -> None:
-        """While down: PING every ``recheck_after`` seconds, in the background, until it works."""
+        """While down: every ``recheck_after`` seconds, in the background, run the reserve
+        script on keys of its own (a PING can answer while scripts fail) until it works."""
+        base = f"{self.prefix}:{{%probe}}"  # '%' never starts an escaped store name
+        keys = [f"{base}:gcra", f"{base}:pause", f"{base}:slowdown", f"{base}:workers"]
+        args: list[int | str] = [1, 0, _HALF_LIFE_US, 0, self.worker, "0", 1, 1000, "1"]
         while self._down:
             await asyncio.sleep(self.recheck_after)
             try:
-                await self.client().ping()
-            except _FAILURES:
+                await _RESERVE(self.client(), keys, args)
+            except _FAILURES as exc:
+                now = time.monotonic()
+                if self._down_level != logging.WARNING and now - self._down_logged_at >= _LOG_EVERY:
+                    # An outage told at DEBUG only (it followed another closely) that lasts.
+                    self._down_level, self._down_logged_at = logging.WARNING, now
+                    logger.warning(
+                        "Redis rate limiter at %s still fails (%s%s)",
+                        self.where,
+                        type(exc).__name__,
+                        self._hint(exc),
+                    )
                 continue
             self._down = False
-            logger.warning(
-                "Redis rate limiter at %s answers again: pacing is shared again", self.where
+            logger.log(
+                self._down_level,
+                "Redis rate limiter at %s answers again: pacing is shared again",
+                self.where,
             )
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        """A worker that may pace alone tells the workers of each store it used lately that it
+        is alive, where no reserve said so within ``lapse / 4``: the others must tell its
+        silence (pacing alone) from an idle pool."""
+        while True:
+            await asyncio.sleep(self.lapse / 4)
+            if not self._down:
+                await self._beat_once()
+
+    async def _beat_once(self) -> None:
+        now = time.monotonic()
+        stores = [s for s, at in self._used.items() if self.lapse / 4 <= now - at < FORGET_AFTER]
+        args: list[int | str] = [self.worker, repr(self.fallback_fraction), _FORGET_MS]
+        replies = await asyncio.gather(
+            *(_HEARTBEAT(self.client(), [self.workers_key(s)], args) for s in stores),
+            return_exceptions=True,
+        )
+        for store, reply in zip(stores, replies, strict=True):
+            if not isinstance(reply, BaseException):
+                self._used[store] = now
 
 
 class RedisLimiter(Limiter):
@@ -397,9 +647,10 @@ class RedisLimiter(Limiter):
       :class:`~asyncsubs.errors.LimiterUnavailableError` while Redis fails; a fraction in
       (0, 1] makes each process pace alone at that fraction of each rate instead, with a
       WARNING logged on ``asyncsubs.redis`` when it starts and ends.
-    - ``timeout``: seconds for connecting to Redis and for each command (URL only).
+    - ``timeout``: seconds for connecting to Redis and for each command (URL only); also how
+      long a silent worker is waited for before the others take it to pace alone.
     - ``idle_ttl``: seconds a pool's key outlives its last slot before Redis deletes it.
-    - ``recheck_after``: seconds between background PINGs while falling back.
+    - ``recheck_after``: seconds between background rechecks while Redis is down.
 
     Close it with ``await limiter.aclose()`` or ``async with RedisLimiter(...) as limiter``
     (clients are per event loop; a client passed in is left open).
@@ -427,6 +678,11 @@ class RedisLimiter(Limiter):
 
     def __repr__(self) -> str:
         return f"<RedisLimiter {self.pacing.where} prefix={self.pacing.prefix!r}>"
+
+    def bind(self, store: str, limits: Limits) -> StoreLimiter:
+        bound = super().bind(store, limits)
+        self.pacing.limits[store] = limits  # its pools' configured intervals go to Redis
+        return bound
 
     async def aclose(self) -> None:
         """Close the Redis connections this limiter opened in the running loop."""

@@ -1,16 +1,21 @@
-"""Many processes, one store: the Redis limiter against in-process limiters.
+"""Many processes, one store: the Redis limiter against in-process limiters, and under faults.
 
-``python -m benchmarks.bench_redis [--seconds 20] [--redis-url URL]``
+``python -m benchmarks.bench_redis [--seconds 20] [--redis-url URL] [--no-faults]``
 
 1. ``--processes`` (4) worker processes x ``--tasks`` (50) tasks pull one store of a
    FakeAdminServer (its own process) that enforces 50 req/s in a sliding window, with 10-30 ms
    latency, for ``--seconds``: first with one RedisLimiter per worker, then with the in-process
    limiter. Throughput is counted by the server (accepted starts inside the run's window) and
    shown as a ratio of the allowed 50 req/s, with the server's 429s.
-2. The cost of one acquire against local Redis, median and p99 in us: the EVALSHA round trip
+2. Faults (skipped with ``--no-faults``; they need the local redis-server): one worker alone,
+   straight to Redis and through a TCP proxy adding 5 ms of round trip; three workers with
+   ``fallback_fraction=1/3``, one of them through a proxy that is cut (a network partition:
+   connections dropped, new ones never answered) for 15 s of a 25 s run.
+3. The cost of one acquire against local Redis, median and p99 in us: the EVALSHA round trip
    alone, and the whole client-side acquire (queue, Redis, in-flight gate) on an idle pool.
 
-PASS: with Redis, together >= 95% of the allowed rate and no 429 at all.
+PASS: with Redis, together >= 95% of the allowed rate and no 429 at all; with one worker of
+three partitioned, >= 90% and at most 2 429s. The single worker rows are printed, not judged.
 Without ``--redis-url``, a redis-server (on PATH) is started on a free loopback port.
 """
 
@@ -18,16 +23,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import multiprocessing
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from multiprocessing.synchronize import Barrier
 from typing import Any, Protocol
@@ -48,6 +55,8 @@ class Options:
     acquires: int = 5000
     redis_url: str | None = None
     skip_local: bool = False
+    no_faults: bool = False
+    quick: bool = False  #: a shorter partition (4 s of 8)
 
 
 @attrs.frozen
@@ -64,6 +73,10 @@ STORE = "acme"
 RATE = Rate(50, per=1.0)
 LATENCY = (0.010, 0.030)
 MIN_RATIO = 0.95
+#: One worker of three partitioned from Redis for PARTITION[1] s from PARTITION[0] s on.
+PARTITION = (5.0, 15.0)
+PARTITION_MIN_RATIO = 0.90
+PARTITION_MAX_429 = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,6 +120,79 @@ def redis_server() -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# A TCP proxy in front of Redis: a longer round trip, or a partition
+
+
+class Proxy:
+    """Forwards a loopback port to Redis from a thread of its own: each chunk ``delay`` s late
+    in each direction; ``cut()`` drops every connection and leaves new ones unanswered (a
+    network partition, as a client sees one) until ``heal()``."""
+
+    def __init__(self, upstream: str, delay: float = 0.0) -> None:
+        self.upstream_port = int(upstream.rsplit(":", 1)[1].split("/")[0])
+        self.delay = delay
+        self._cut = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = self._call(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ends = [writer]
+        self._writers.add(writer)
+        try:
+            if self._cut:  # accepted by the kernel, never answered
+                await reader.read()
+                return
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            ends.append(up_writer)
+            self._writers.add(up_writer)
+            await asyncio.gather(
+                self._pump(reader, up_writer),
+                self._pump(up_reader, writer),
+                return_exceptions=True,
+            )
+        finally:
+            for end in ends:
+                self._writers.discard(end)
+                end.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def _drop_all(self) -> None:
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    def cut(self) -> None:
+        self._cut = True
+        self._call(self._drop_all())
+
+    def heal(self) -> None:
+        self._cut = False
+        self._call(self._drop_all())  # the unanswered connections fail; clients reconnect
+
+    def close(self) -> None:
+        self._call(self._drop_all())
+        self._server.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+# --------------------------------------------------------------------------------------------
 # Workers (spawned processes)
 
 
@@ -114,7 +200,11 @@ async def _pull(cfg: dict[str, Any], barrier: Barrier) -> dict[str, int]:
     from asyncsubs.redis import RedisLimiter
 
     limiter = (
-        None if cfg["redis_url"] is None else RedisLimiter(cfg["redis_url"], prefix=cfg["prefix"])
+        None
+        if cfg["redis_url"] is None
+        else RedisLimiter(
+            cfg["redis_url"], prefix=cfg["prefix"], fallback_fraction=cfg["fallback_fraction"]
+        )
     )
     ids: list[int] = cfg["ids"]
     done = {"ok": 0, "failed": 0}
@@ -134,6 +224,8 @@ async def _pull(cfg: dict[str, Any], barrier: Barrier) -> dict[str, int]:
                     done["ok"] += 1
                 except AsyncSubsError:
                     done["failed"] += 1  # e.g. 429s once retries are spent
+                    if limiter is not None and limiter.pacing.down:
+                        await asyncio.sleep(0.1)  # no fallback: this worker can do nothing
                 n += cfg["tasks"]
 
         tasks = [asyncio.create_task(task(k)) for k in range(cfg["tasks"])]
@@ -151,48 +243,101 @@ async def _pull(cfg: dict[str, Any], barrier: Barrier) -> dict[str, int]:
 
 
 def _worker(cfg: dict[str, Any], barrier: Barrier, results: Any) -> None:
+    # A worker still running well after its run prints where it hangs, and exits.
+    faulthandler.dump_traceback_later(cfg["seconds"] + 30, exit=True)
     results.put(asyncio.run(_pull(cfg, barrier)))
 
 
 def run_phase(
-    name: str, remote: Any, ids: list[int], opts: Options, redis_url: str | None
+    name: str,
+    remote: Any,
+    ids: list[int],
+    opts: Options,
+    redis_urls: Sequence[str | None],
+    *,
+    seconds: float | None = None,
+    fallback_fraction: float | None = None,
+    during: Callable[[], None] | None = None,
 ) -> Phase:
-    """One load run: ``opts.processes`` workers for ``opts.seconds``, counted by the server."""
+    """One load run: a worker per URL for ``seconds``, counted by the server; ``during`` runs
+    here (in this process) once the workers have started."""
+    seconds = opts.seconds if seconds is None else seconds
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(opts.processes + 1)
+    barrier = ctx.Barrier(len(redis_urls) + 1)
     results = ctx.Queue()
-    cfg = {
-        "redis_url": redis_url,
-        "prefix": f"bench-{uuid.uuid4().hex[:8]}",
-        "base_url": remote.base_url,
-        "token": remote.tokens[STORE],
-        "ids": ids,
-        "tasks": opts.tasks,
-        "seconds": opts.seconds,
-    }
-    remote.reset_stats(STORE)
-    procs = [
-        ctx.Process(target=_worker, args=(cfg, barrier, results)) for _ in range(opts.processes)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    cfgs = [
+        {
+            "redis_url": url,
+            "prefix": prefix,
+            "fallback_fraction": fallback_fraction,
+            "base_url": remote.base_url,
+            "token": remote.tokens[STORE],
+            "ids": ids,
+            "tasks": opts.tasks,
+            "seconds": seconds,
+        }
+        for url in redis_urls
     ]
+    remote.reset_stats(STORE)
+    procs = [ctx.Process(target=_worker, args=(cfg, barrier, results)) for cfg in cfgs]
     for p in procs:
         p.start()
     barrier.wait(60)
     # CLOCK_MONOTONIC is system-wide on Linux, and the server's loop clock is that clock: its
     # recorded start times can be compared with this moment.
     start = time.monotonic()
-    workers = [results.get(timeout=opts.seconds + 60) for _ in procs]
+    if during is not None:
+        during()
+    workers = [results.get(timeout=seconds + 60) for _ in procs]
     for p in procs:
         p.join(30)
     pool = remote.stats(STORE).pool("global")
-    accepted = sum(start <= t < start + opts.seconds for t in pool.starts)
+    accepted = sum(start <= t < start + seconds for t in pool.starts)
     return Phase(
         name=name,
         accepted=accepted,
-        ratio=accepted / (RATE.per_second * opts.seconds),
+        ratio=accepted / (RATE.per_second * seconds),
         server_429=pool.rejected,
         failed=sum(w["failed"] for w in workers),
         peak=pool.max_in_window(RATE.per),
     )
+
+
+def fault_phases(remote: Any, ids: list[int], opts: Options, url: str) -> list[Phase]:
+    """One worker at 0 and 5 ms round trip; three workers, one partitioned for a while."""
+    phases = [run_phase("1 worker, local Redis", remote, ids, opts, [url])]
+    slow = Proxy(url, delay=0.0025)
+    try:
+        phases.append(run_phase("1 worker, 5 ms round trip", remote, ids, opts, [slow.url]))
+    finally:
+        slow.close()
+    cut_at, cut_for = PARTITION if not opts.quick else (2.0, 4.0)
+    seconds = cut_at + cut_for + cut_at
+    partitioned = Proxy(url)
+
+    def partition() -> None:
+        time.sleep(cut_at)
+        partitioned.cut()
+        time.sleep(cut_for)
+        partitioned.heal()
+
+    try:
+        phases.append(
+            run_phase(
+                f"3 workers, 1 partitioned {cut_for:g} s of {seconds:g}",
+                remote,
+                ids,
+                opts,
+                [partitioned.url, url, url],
+                seconds=seconds,
+                fallback_fraction=1 / 3,
+                during=partition,
+            )
+        )
+    finally:
+        partitioned.close()
+    return phases
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,13 +403,15 @@ def run(opts: Options, out: _Out) -> bool:
                 f" {opts.seconds:g} s; the server allows {RATE} (sliding window), latency"
                 f" {LATENCY[0] * 1000:g}-{LATENCY[1] * 1000:g} ms"
             )
-            phases = [run_phase("RedisLimiter", remote, ids, opts, url)]
+            workers = range(opts.processes)
+            phases = [run_phase("RedisLimiter", remote, ids, opts, [url for _ in workers])]
             if not opts.skip_local:
-                phases.append(run_phase("in-process", remote, ids, opts, None))
+                phases.append(run_phase("in-process", remote, ids, opts, [None for _ in workers]))
+            faults = [] if opts.no_faults else fault_phases(remote, ids, opts, url)
         cost = asyncio.run(acquire_cost(url, opts.acquires))
     out.table(
         ["limiter", "accepted", "x allowed rate", "429s", "most in 1 s", "requests failed"],
-        [[p.name, p.accepted, p.ratio, p.server_429, p.peak, p.failed] for p in phases],
+        [[p.name, p.accepted, p.ratio, p.server_429, p.peak, p.failed] for p in phases + faults],
     )
     out.table(
         ["acquire cost, local Redis (us)", "median", "p99"],
@@ -280,6 +427,14 @@ def run(opts: Options, out: _Out) -> bool:
         out.check("Redis: throughput / allowed rate", shared.ratio, ">=", MIN_RATIO),
         out.check("Redis: 429 responses", shared.server_429, "<=", 0, "{:.0f}"),
     ]
+    if faults:
+        cut = faults[-1]
+        checks += [
+            out.check("partition: throughput / allowed rate", cut.ratio, ">=", PARTITION_MIN_RATIO),
+            out.check(
+                "partition: 429 responses", cut.server_429, "<=", PARTITION_MAX_429, "{:.0f}"
+            ),
+        ]
     return all(c.passed for c in checks)
 
 
@@ -288,7 +443,7 @@ TITLE = "Redis limiter: 4 processes x 50 tasks share one store's 50 req/s"
 
 
 def bench(report: _Out) -> None:
-    run(Options(seconds=5.0 if report.quick else 20.0), report)
+    run(Options(seconds=5.0 if report.quick else 20.0, quick=report.quick), report)
 
 
 @attrs.define
@@ -340,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acquires", type=int, default=5000, help="timed for the acquire cost")
     parser.add_argument("--redis-url", help="an existing Redis (default: start a redis-server)")
     parser.add_argument("--skip-local", action="store_true", help="no in-process comparison run")
+    parser.add_argument("--no-faults", action="store_true", help="no single-worker, partition runs")
+    parser.add_argument("--quick", action="store_true", help="a 4 s partition in 8 s")
     args = parser.parse_args(argv)
     print(f"== {TITLE}")
     ok = run(Options(**vars(args)), _Print())

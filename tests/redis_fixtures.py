@@ -34,12 +34,14 @@ __all__ = [
 START_TIMEOUT = 10.0
 
 
-def free_port() -> int:
-    """A loopback TCP port nothing listens on (right now)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(below: int = 65536) -> int:
+    """A loopback TCP port under ``below`` that nothing listens on (right now)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port < below:
+            return port
 
 
 def _command(port: int, command: bytes) -> bytes:
@@ -74,7 +76,8 @@ class RedisServer:
         self, binary: str, port: int | None = None, *, cluster_dir: Path | None = None
     ) -> None:
         self.binary = binary
-        self.port = free_port() if port is None else port
+        # A cluster node also listens on its port + 10000, so Redis refuses ports above 55535.
+        self.port = free_port(below=55536 if cluster_dir else 65536) if port is None else port
         #: Set: a one-node Redis Cluster holding every slot (its config file lives there).
         self.cluster_dir = cluster_dir
         self.process: subprocess.Popen[bytes] | None = None

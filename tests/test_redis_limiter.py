@@ -11,12 +11,14 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -30,12 +32,15 @@ from redis_fixtures import (  # noqa: F401 - the fixtures register by their name
     redis_server_fixture,
 )
 
+import asyncsubs.redis
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy
+from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, Slowdown
 from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
 from asyncsubs.limiting import PacingBackend
-from asyncsubs.redis import RedisLimiter, RedisPacing
+from asyncsubs.redis import FORGET_AFTER, RedisLimiter, RedisPacing
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits
+from benchmarks.bench_redis import Proxy
 
 # Start the cluster node with the first test, so its start-up delay overlaps the others.
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("redis_cluster_node")]
@@ -80,6 +85,13 @@ def dead_url(password: str = "") -> str:
     return f"redis://{auth}127.0.0.1:{free_port()}/0"
 
 
+async def wait(pacing: RedisPacing, store: str, pool: str, interval: float) -> float:
+    """The wait of one reserve, which must carry no slowdown."""
+    delay, slowdown = await pacing.reserve(store, pool, interval)
+    assert slowdown == 1.0
+    return delay
+
+
 def make_client(server: FakeAdminServer, limiter: RedisLimiter, **kwargs: object) -> AdminClient:
     return AdminClient(
         token=server.store("acme").token,
@@ -105,13 +117,13 @@ async def test_reserve_paces_by_gcra_per_store_and_pool(
     assert isinstance(pacing, RedisPacing)
     try:
         # No initial burst: one slot now, then one every interval; nothing sleeps here.
-        delays = [await pacing.reserve("acme", "global", 10.0) for _ in range(4)]
+        delays = [await wait(pacing, "acme", "global", 10.0) for _ in range(4)]
         assert delays[0] == 0.0
         for k in (1, 2, 3):
             assert 10.0 * k - SLACK < delays[k] <= 10.0 * k
         # Other pools and other stores have budgets of their own.
-        assert await pacing.reserve("acme", "orders", 10.0) == 0.0
-        assert await pacing.reserve("globex", "global", 10.0) == 0.0
+        assert await pacing.reserve("acme", "orders", 10.0) == (0.0, 1.0)
+        assert await pacing.reserve("globex", "global", 10.0) == (0.0, 1.0)
     finally:
         await pacing.aclose()
 
@@ -128,10 +140,19 @@ async def test_one_acquire_is_one_evalsha(
         stats = await redis.info("commandstats")
     finally:
         await pacing.aclose()
-    # Commands the script runs count too: TIME, two GETs and a SET inside each EVALSHA.
+    # Commands the script runs count too: TIME, the store's workers (read, and this one's
+    # entry renewed), the pool's GCRA hash (read, written), its pause and its slowdown.
     calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
     calls.pop("config|resetstat", None)
-    assert calls == {"evalsha": 20, "time": 20, "get": 40, "set": 20}
+    assert calls == {
+        "evalsha": 20,
+        "time": 20,
+        "hgetall": 20,
+        "hset": 40,
+        "pexpire": 40,
+        "hmget": 40,
+        "get": 20,
+    }
 
 
 async def test_very_high_rates_claim_one_slot_per_request(
@@ -159,9 +180,9 @@ async def test_script_is_reloaded_after_a_flush(
 ) -> None:
     pacing = RedisPacing(redis_server.url, prefix=prefix)
     try:
-        assert await pacing.reserve("acme", "global", 5.0) == 0.0
+        assert await pacing.reserve("acme", "global", 5.0) == (0.0, 1.0)
         await redis.script_flush()  # as after a Redis restart or failover
-        assert 5.0 - SLACK < await pacing.reserve("acme", "global", 5.0) <= 5.0
+        assert 5.0 - SLACK < await wait(pacing, "acme", "global", 5.0) <= 5.0
     finally:
         await pacing.aclose()
 
@@ -174,16 +195,24 @@ async def test_keys_of_a_store_share_one_cluster_slot(
         for store in ("acme", "we{ird}:store%"):
             for pool in ("global", "orders"):
                 await pacing.reserve(store, pool, 1.0)
-                await pacing.pause(store, pool, 5.0)
+                await pacing.pause(store, pool, 5.0, 1.5)
+        keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
     finally:
         await pacing.aclose()
-    keys = sorted(k.decode() for k in await redis.keys(f"{prefix}:*"))
+    tags = ("acme", "we%7Bird%7D:store%25")
     assert keys == sorted(
-        f"{prefix}:{{{tag}}}:{kind}:{pool}"
-        for tag in ("acme", "we%7Bird%7D:store%25")
-        for kind in ("tat", "pause")
-        for pool in ("global", "orders")
+        [
+            *(
+                f"{prefix}:{{{tag}}}:{kind}:{pool}"
+                for tag in tags
+                for kind in ("gcra", "pause", "slowdown")
+                for pool in ("global", "orders")
+            ),
+            *(f"{prefix}:{{{tag}}}:workers" for tag in tags),
+        ]
     )
+    # A worker that closes leaves the stores' worker lists (an emptied hash is deleted).
+    assert await redis.exists(*(f"{prefix}:{{{tag}}}:workers" for tag in tags)) == 0
     for tag in ("acme", "we%7Bird%7D:store%25"):
         slots = {key_slot(k.encode()) for k in keys if f"{{{tag}}}" in k}
         assert slots == {key_slot(tag.encode())}
@@ -193,15 +222,17 @@ async def test_idle_keys_expire(
     redis_server: RedisServer, redis: aioredis.Redis, prefix: str
 ) -> None:
     pacing = RedisPacing(redis_server.url, prefix=prefix, idle_ttl=0.2)
-    tat_key, pause_key = pacing.keys("acme", "global")
+    tat_key, pause_key, slowdown_key = pacing.keys("acme", "global")
     try:
         await pacing.reserve("acme", "global", 0.1)
-        await pacing.pause("acme", "global", 0.25)
+        await pacing.pause("acme", "global", 0.25, 2.0)
     finally:
         await pacing.aclose()
-    # A TAT key lives until its slot has passed plus idle_ttl; a pause key until the pause ends.
+    # A TAT key lives until its slot has passed plus idle_ttl; a pause key until the pause ends;
+    # a slowdown key for ten half-lives after it was last raised.
     assert 0 < await redis.pttl(tat_key) <= 300
     assert 0 < await redis.pttl(pause_key) <= 250
+    assert await redis.pttl(slowdown_key) > 10 * SLOWDOWN_HALF_LIFE * 1000 - 1000
     await asyncio.sleep(0.35)
     assert await redis.exists(tat_key, pause_key) == 0
 
@@ -213,15 +244,53 @@ async def test_a_pause_is_shared_and_never_shortened(
     a = RedisPacing(redis_server.url, prefix=prefix)
     b = RedisPacing(redis_server.url, prefix=prefix)
     try:
-        await a.pause("acme", "global", 5.0)
-        await b.pause("acme", "global", 1.0)  # shorter: no effect
+        await a.pause("acme", "global", 5.0, 1.0)
+        await b.pause("acme", "global", 1.0, 1.0)  # shorter: no effect
         assert 4000 < await redis.pttl(a.keys("acme", "global")[1]) <= 5000
-        delay = await b.reserve("acme", "global", 0.5)
+        delay = await wait(b, "acme", "global", 0.5)
         assert 5.0 - SLACK < delay <= 5.0
         # Pacing resumes one interval at a time after the pause, not in a burst.
-        assert 5.5 - SLACK < await a.reserve("acme", "global", 0.5) <= 5.5
+        assert 5.5 - SLACK < await wait(a, "acme", "global", 0.5) <= 5.5
         # Other pools are not paused.
-        assert await b.reserve("acme", "orders", 0.5) == 0.0
+        assert await b.reserve("acme", "orders", 0.5) == (0.0, 1.0)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def redis_micros(redis: aioredis.Redis) -> int:
+    seconds, micros = await redis.time()
+    return seconds * 1_000_000 + micros
+
+
+async def test_a_slowdown_is_shared_and_decays_as_in_process(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    a = RedisPacing(redis_server.url, prefix=prefix)
+    b = RedisPacing(redis_server.url, prefix=prefix)
+    slowdown_key = a.keys("acme", "global")[2]
+    try:
+        await a.pause("acme", "global", 0.0, 2.0)
+        await b.pause("acme", "global", 0.0, 1.5)  # lower: no effect
+        _, slowdown = await b.reserve("acme", "global", 0.001)
+        assert slowdown == pytest.approx(2.0, abs=1e-3)  # decaying since
+        assert await a.reserve("acme", "orders", 0.001) == (0.0, 1.0)  # per pool
+
+        # Decay on Redis's clock, as Slowdown.value computes it: the widening is moved back in
+        # time through its stored 'at' rather than waited for.
+        for factor, age in ((3.0, SLOWDOWN_HALF_LIFE), (1.8, 2.5 * SLOWDOWN_HALF_LIFE)):
+            at = await redis_micros(redis) - int(age * 1_000_000)
+            await redis.hset(slowdown_key, mapping={"excess": str(factor - 1), "at": str(at)})
+            expected = Slowdown()
+            expected.set(at / 1e6, factor)
+            _, shared = await b.reserve("acme", "global", 0.001)
+            now = await redis_micros(redis) / 1e6
+            assert expected.value(now) - 1e-4 < shared <= expected.value(at / 1e6 + age) + 1e-9
+
+        # A decayed slowdown is raised by a smaller factor than it started from.
+        await a.pause("acme", "global", 0.0, 1.3)
+        _, slowdown = await b.reserve("acme", "global", 0.001)
+        assert slowdown == pytest.approx(1.3, abs=1e-3)
     finally:
         await a.aclose()
         await b.aclose()
@@ -253,6 +322,34 @@ async def test_a_429_pauses_the_pool_for_other_clients(
     first, second = server.requests
     assert (first.status, second.status) == (429, 200)
     assert second.time - first.time >= 0.6 - SLACK
+
+
+async def test_a_429_slows_down_the_pool_of_other_clients(
+    redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    ids = record_ids(server, 3)
+    async with (
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_a,
+        RedisLimiter(redis_server.url, prefix=prefix) as limiter_b,
+        make_client(server, limiter_a, retry=RetryPolicy(max_attempts=1)) as a,
+        make_client(server, limiter_b) as b,
+    ):
+        server.enqueue(429, {"success": False}, path=f"customers/{ids[0]}")
+        with pytest.raises(RateLimitError):
+            await a.request("GET", f"customers/{ids[0]}")
+        await asyncio.gather(*a._bound_limiter()._background)
+        widened = a.stats.pools["global"]
+        learnt = a._bound_limiter()._global.slowdown.value(asyncio.get_running_loop().time())
+        assert learnt > 1.04  # at least one step (decaying since)
+        # b's first start brings the shared slowdown back; its next one is paced by it.
+        for record_id in ids[1:]:
+            await b.request("GET", f"customers/{record_id}")
+        pool = b.stats.pools["global"]
+        assert pool.paced_by == "429"
+        assert pool.interval == pytest.approx(
+            Limits().global_rate.interval * (1 + pool.margin) * learnt, rel=1e-3
+        )
+        assert widened.rate_limited == 1
 
 
 async def test_processes_share_the_rate(
@@ -373,11 +470,11 @@ async def test_a_hung_redis_fails_within_the_timeout() -> None:
                 await strict.reserve("acme", "global", 1.0)
             assert time.monotonic() - started < 0.55  # a timeout is not retried
             started = time.monotonic()
-            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
             assert time.monotonic() - started < 0.55
             # Known down: later acquires do not wait for Redis at all (the PING runs aside).
             started = time.monotonic()
-            assert 2.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 2.0
+            assert 2.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 2.0
             assert time.monotonic() - started < SLACK
         finally:
             await strict.aclose()
@@ -408,41 +505,248 @@ async def test_fallback_paces_in_process_at_the_fraction_with_a_warning(
 async def test_redis_failing_midway_and_coming_back(
     own_redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    strict = RedisPacing(own_redis_server.url, prefix=prefix, timeout=0.5)
-    lenient = RedisPacing(
-        own_redis_server.url, prefix=prefix, timeout=0.5, fallback_fraction=0.25, recheck_after=0.05
-    )
+    kwargs: dict[str, Any] = {"prefix": prefix, "timeout": 0.5, "recheck_after": 0.05}
+    strict = RedisPacing(own_redis_server.url, **kwargs)
+    lenient = RedisPacing(own_redis_server.url, fallback_fraction=0.25, **kwargs)
     try:
-        assert await strict.reserve("acme", "global", 1.0) == 0.0
-        assert 1.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 1.0
+        assert await strict.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 1.0
+        last_word = time.monotonic()  # when Redis last heard of lenient for "acme"
         own_redis_server.stop()
 
-        with pytest.raises(LimiterUnavailableError):
-            await strict.reserve("acme", "global", 1.0)
         with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
-            # In-process at a quarter of the rate: one slot every 4 s, from now.
-            assert await lenient.reserve("acme", "global", 1.0) == 0.0
+            with pytest.raises(LimiterUnavailableError, match="failed"):
+                await strict.reserve("acme", "global", 1.0)
+            # Down: later requests fail at once, without trying Redis, until a recheck works.
+            started = time.monotonic()
+            with pytest.raises(LimiterUnavailableError, match="is down"):
+                await strict.reserve("acme", "global", 1.0)
+            assert time.monotonic() - started < SLACK
+
+            # In-process at a quarter of the rate: one slot every 4 s, after a hold until the
+            # other workers can have seen that Redis no longer hears from this one (timeout).
+            hold, _ = await lenient.reserve("acme", "global", 1.0)
             assert lenient.fallback_active
-            assert 4.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 4.0
-            await lenient.pause("acme", "global", 10.0)  # kept in memory, Redis not tried
-            assert 10.0 - SLACK < await lenient.reserve("acme", "global", 1.0) <= 10.0
+            assert last_word + 0.5 - time.monotonic() - SLACK < hold <= 0.5
+            assert 4.0 + hold - SLACK < await wait(lenient, "acme", "global", 1.0) <= 4.0 + hold
+            await lenient.pause("acme", "global", 10.0, 1.0)  # kept in memory, Redis not tried
+            assert 10.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 10.0
 
             own_redis_server.start()  # empty: as after a restart without persistence
-            assert lenient._probe is not None
-            await asyncio.wait_for(lenient._probe, 5)  # the background PING finds it again
-            assert not lenient.fallback_active
+            for pacing in (strict, lenient):
+                assert pacing._probe is not None
+                await asyncio.wait_for(pacing._probe, 5)  # the background check finds it
+                assert not pacing.down
         messages = [r.getMessage() for r in caplog.records if r.name == "asyncsubs.redis"]
-        assert len(messages) == 2
-        assert "25%" in messages[0]
-        assert "answers again" in messages[1]
+        assert len(messages) == 4
+        assert "fail with LimiterUnavailableError" in messages[0]
+        assert "25%" in messages[1]
+        assert all("answers again" in m for m in messages[2:])
 
-        # Shared again, through the restarted server; the strict backend's pooled connection
-        # was broken by the restart and is replaced without an error.
-        assert await lenient.reserve("acme", "global", 1.0) == 0.0
-        assert 1.0 - SLACK < await strict.reserve("acme", "global", 1.0) <= 1.0
+        # Shared again, through the restarted server.
+        assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(strict, "acme", "global", 1.0) <= 1.0
     finally:
         await strict.aclose()
         await lenient.aclose()
+
+
+async def test_a_stopped_redis_fails_a_pools_queue_at_once(
+    own_redis_server: RedisServer, server: FakeAdminServer, prefix: str
+) -> None:
+    """Regression: with Redis stopped, each queued request waited out a timeout of its own."""
+    ids = record_ids(server, 8)
+    limiter = RedisLimiter(own_redis_server.url, prefix=prefix, timeout=0.3, recheck_after=0.05)
+    process = own_redis_server.process
+    assert process is not None
+    async with limiter, make_client(server, limiter) as client:
+        await client.request("GET", f"customers/{ids[0]}")
+        process.send_signal(signal.SIGSTOP)  # hung: connections open, nothing answers
+        try:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(client.request("GET", f"customers/{i}") for i in ids[1:7]),
+                return_exceptions=True,
+            )
+            # One timeout for the pool's head, then its whole queue at once (not 6 x 0.3 s).
+            assert time.monotonic() - started < 0.3 + 0.2
+            assert all(isinstance(r, LimiterUnavailableError) for r in results), results
+            assert limiter.pacing.down
+        finally:
+            process.send_signal(signal.SIGCONT)
+        assert limiter.pacing._probe is not None
+        await asyncio.wait_for(limiter.pacing._probe, 5)
+        await client.request("GET", f"customers/{ids[7]}")
+    assert len(server.requests) == 2
+
+
+async def test_a_script_refused_while_ping_answers_keeps_redis_down(
+    own_redis_server: RedisServer,
+    redis: aioredis.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: a recheck by PING called a Redis up that refused every script (out of
+    memory), and the WARNINGs alternated every second."""
+    own = aioredis.Redis.from_url(own_redis_server.url)
+    pacing = RedisPacing(own_redis_server.url, prefix=prefix, recheck_after=0.02)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncsubs.redis"):
+            for _ in range(2):  # two outages in a row
+                await own.config_set("maxmemory", 1)
+                with pytest.raises(LimiterUnavailableError, match="OutOfMemoryError"):
+                    await pacing.reserve("acme", "global", 0.01)
+                assert await own.ping()
+                probe = pacing._probe
+                assert probe is not None
+                with pytest.raises(TimeoutError):  # some rechecks run, and fail
+                    await asyncio.wait_for(asyncio.shield(probe), 0.2)
+                assert pacing.down
+                await own.config_set("maxmemory", 0)
+                await asyncio.wait_for(probe, 5)
+                assert not pacing.down
+            # A third outage close after, which lasts: told at WARNING once it has lasted.
+            monkeypatch.setattr(asyncsubs.redis, "_LOG_EVERY", 0.1)
+            pacing._down_logged_at = time.monotonic()
+            await own.config_set("maxmemory", 1)
+            with pytest.raises(LimiterUnavailableError):
+                await pacing.reserve("acme", "global", 0.01)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pacing._probe), 0.3)
+            await own.config_set("maxmemory", 0)
+            await asyncio.wait_for(pacing._probe, 5)
+        records = [(r.levelno, r.getMessage()) for r in caplog.records]
+        levels = [level for level, _ in records]
+        assert levels == [logging.WARNING] * 2 + [logging.DEBUG] * 3 + [logging.WARNING] * 2
+        assert "failed (OutOfMemoryError)" in records[0][1]
+        assert "answers again" in records[1][1]
+        assert "still fails (OutOfMemoryError)" in records[5][1]
+    finally:
+        await pacing.aclose()
+        await own.aclose()
+
+
+async def test_workers_that_may_pace_alone_leave_their_fraction_unused(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    """A worker not heard of for longer than the lapse (timeout) may be pacing alone at its
+    fallback fraction: the others pace at what is left. Its entry is moved back in time."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix, timeout=1.0)
+    now = await redis_micros(redis)
+    cases = {  # store -> the other worker's entry, and the wait of a second reserve
+        "lapsed": (f"{now - 2_000_000}:0.5", 2.0),  # paces alone: half the rate is left
+        "heard": (f"{now - 200_000}:0.5", 1.0),  # shares through Redis
+        "strict": (f"{now - 2_000_000}:0.0", 1.0),  # down, it sends nothing
+        "forgotten": (f"{now - int((FORGET_AFTER + 1) * 1e6)}:0.5", 1.0),
+    }
+    try:
+        for store, (entry, second) in cases.items():
+            await redis.hset(pacing.workers_key(store), "other", entry)
+            assert await pacing.reserve(store, "global", 1.0) == (0.0, 1.0)
+            assert second - SLACK < await wait(pacing, store, "global", 1.0) <= second, store
+        assert not await redis.hexists(pacing.workers_key("forgotten"), "other")
+        assert await redis.hexists(pacing.workers_key("lapsed"), "other")
+    finally:
+        await pacing.aclose()
+
+
+async def test_a_partitioned_worker_leaves_its_fraction_to_itself(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """One worker cut off from Redis (a proxy that drops its connections and leaves new ones
+    unanswered) paces alone; the other, once it has missed it for ``timeout``, paces at what
+    is left."""
+    proxy = Proxy(redis_server.url)
+    cut_off = RedisPacing(proxy.url, prefix=prefix, fallback_fraction=0.5, timeout=0.3)
+    other = RedisPacing(redis_server.url, prefix=prefix, timeout=0.3)
+    try:
+        assert await cut_off.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        assert 1.0 - SLACK < await wait(other, "acme", "global", 1.0) <= 1.0
+        proxy.cut()
+        await cut_off.reserve("acme", "global", 1.0)  # times out, then paces alone
+        assert cut_off.fallback_active
+        # More than the lapse (0.3 s) since Redis last heard of cut_off: half the rate is left,
+        # so each slot other claims now is two intervals from the next.
+        first = await wait(other, "acme", "global", 1.0)
+        second = await wait(other, "acme", "global", 1.0)
+        assert 2.0 - SLACK < second - first < 2.0 + SLACK
+    finally:
+        proxy.heal()
+        await cut_off.aclose()
+        await other.aclose()
+        proxy.close()
+
+
+async def test_an_idle_worker_that_may_pace_alone_keeps_its_heartbeat(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    pacing = RedisPacing(redis_server.url, prefix=prefix, fallback_fraction=0.5, timeout=0.4)
+    key = pacing.workers_key("acme")
+    try:
+        await pacing.reserve("acme", "global", 0.01)
+        at, fraction = (await redis.hget(key, pacing.worker)).decode().split(":")
+        assert fraction == "0.5"
+        await redis.hset(key, pacing.worker, f"{int(at) - 10**6}:0.5")
+        pacing._used["acme"] -= 1.0  # last heard of a second ago: idle since
+        await pacing._beat_once()
+        renewed = int((await redis.hget(key, pacing.worker)).decode().split(":")[0])
+        assert 0 <= await redis_micros(redis) - renewed < SLACK * 1e6
+    finally:
+        await pacing.aclose()
+    assert not await redis.hexists(key, pacing.worker)  # gone, not lapsed
+
+
+async def test_workers_with_other_limits_are_told_once(
+    redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: workers at Rate(50) and Rate(100) for one store drew 429s, nothing logged."""
+    async with (
+        RedisLimiter(redis_server.url, prefix=prefix) as fifty,
+        RedisLimiter(redis_server.url, prefix=prefix) as hundred,
+        RedisLimiter(redis_server.url, prefix=prefix) as same,
+    ):
+        fifty.bind("acme", Limits(global_rate=Rate(50)))
+        hundred.bind("acme", Limits(global_rate=Rate(100)))
+        same.bind("acme", Limits(global_rate=Rate(50)))
+        with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+            for _ in range(3):
+                for limiter in (fifty, hundred):
+                    await limiter.pacing.reserve("acme", "global", 0.001)
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 2  # once by each worker
+        assert "one start every 0.02s, this one for every 0.01s" in messages[0]
+        assert "one start every 0.01s, this one for every 0.02s" in messages[1]
+        caplog.clear()
+        fifty.bind("acme", Limits(global_rate=Rate(50)))
+        await fifty.pacing.reserve("acme", "global", 0.001)
+        await same.pacing.reserve("acme", "global", 0.001)
+        assert caplog.records == []
+
+
+async def test_a_redis_clock_step_back_is_repaired_and_logged(
+    redis_server: RedisServer,
+    redis: aioredis.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: a key written 5 s ahead of Redis's clock (a failover to a node that is
+    behind) stopped every worker for 5 s, nothing logged."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    gcra = pacing.keys("acme", "global")[0]
+    try:
+        assert await pacing.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        ahead = await redis_micros(redis) + 5_000_000
+        await redis.hset(gcra, mapping={"tat": ahead + 1_000_000, "at": ahead})
+        with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
+            assert 1.0 - SLACK < await wait(pacing, "acme", "global", 1.0) <= 1.0
+            assert 2.0 - SLACK < await wait(pacing, "acme", "global", 1.0) <= 2.0
+        (record,) = caplog.records
+        assert "earlier than when it last paced the pool" in record.getMessage()
+        assert isinstance(record.args, tuple)
+        assert 5.0 - SLACK < record.args[-1] <= 5.0  # the step, in seconds
+    finally:
+        await pacing.aclose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,10 +792,40 @@ def test_bad_configuration_is_a_config_error(
         RedisLimiter(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def test_the_url_password_never_shows() -> None:
-    limiter = RedisLimiter("redis://user:hunter2@cache.internal:6380/2")
-    assert "hunter2" not in repr(limiter) + repr(limiter.pacing)
-    assert limiter.pacing.where == "redis://cache.internal:6380/2"
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("redis://user:hunter2@cache.internal:6380/2", "redis://cache.internal:6380/2"),
+        ("redis://default:hunter2/abcd@cache.internal", "redis://cache.internal"),
+        ("redis://:hunter2#xy@cache.internal", "redis://cache.internal"),
+        ("redis://cache.internal:hunter2", "redis://cache.internal"),
+        ("redis://cache.internal/0?password=hunter2", "redis://cache.internal/0"),
+        ("rediss://u:hunter2@[fe80::1]:7000/3", "rediss://[fe80::1]:7000/3"),
+        ("unix://:hunter2@/run/redis.sock?db=1", "unix:///run/redis.sock"),
+    ],
+)
+def test_the_url_password_never_shows(url: str, where: str) -> None:
+    limiter = RedisLimiter(url)
+    assert limiter.pacing.where == where
+    message = str(limiter.pacing._unavailable("acme", OSError()))
+    assert "hunter2" not in repr(limiter) + repr(limiter.pacing) + message
+    assert where in message
+
+
+def test_a_malformed_url_shows_no_password_in_the_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        RedisLimiter("redis:/:hunter2@cache.internal")
+    assert "hunter2" not in str(info.value)
+    assert "redis://cache.internal" in str(info.value)
+
+
+async def test_tls_against_a_plain_port_says_so(redis_server: RedisServer) -> None:
+    pacing = RedisPacing(redis_server.url.replace("redis://", "rediss://"), timeout=0.3)
+    try:
+        with pytest.raises(LimiterUnavailableError, match="does that port serve TLS"):
+            await pacing.reserve("acme", "global", 1.0)
+    finally:
+        await pacing.aclose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,16 +833,20 @@ def test_the_url_password_never_shows() -> None:
 
 
 async def test_works_on_redis_cluster(redis_cluster: RedisServer, prefix: str) -> None:
-    # Each script touches two keys; Redis Cluster refuses that unless they share a slot.
+    # Each script touches three keys; Redis Cluster refuses that unless they share a slot.
+    # The scripts read the clock (TIME) before writing, which a cluster replicates by effects.
     cluster = aioredis.RedisCluster.from_url(redis_cluster.url)
     try:
         async with RedisLimiter(cluster, prefix=prefix) as limiter:
             pacing = limiter.pacing
             for store in ("acme", "we{ird}"):
-                assert await pacing.reserve(store, "global", 2.0) == 0.0
-                await pacing.pause(store, "global", 5.0)
-                assert 5.0 - SLACK < await pacing.reserve(store, "global", 2.0) <= 5.0
+                assert await pacing.reserve(store, "global", 2.0) == (0.0, 1.0)
+                assert 2.0 - SLACK < (await pacing.reserve(store, "global", 2.0))[0] <= 2.0
+                await pacing.pause(store, "global", 5.0, 1.5)
+                delay, slowdown = await pacing.reserve(store, "global", 2.0)
+                assert 5.0 - SLACK < delay <= 5.0
+                assert slowdown == pytest.approx(1.5, abs=1e-3)
         slot = await cluster.cluster_keyslot("{acme}")
-        assert key_slot(pacing.keys("acme", "orders")[0].encode()) == slot
+        assert {key_slot(k.encode()) for k in pacing.keys("acme", "orders")} == {slot}
     finally:
         await cluster.aclose()

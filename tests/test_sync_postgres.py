@@ -521,7 +521,7 @@ def test_redis_key_paces_every_worker_through_redis(
     with contextlib.closing(redis.Redis(port=redis_server.port)) as client:
         keys = {key.decode() for key in client.keys("asyncsubs:*")}
     for store in STORES:
-        assert any(key.startswith(f"asyncsubs:{{{store}}}:tat:") for key in keys), keys
+        assert any(key.startswith(f"asyncsubs:{{{store}}}:gcra:") for key in keys), keys
 
 
 def test_bad_redis_url_is_a_usage_error_that_does_not_echo_it(
