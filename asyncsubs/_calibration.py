@@ -16,15 +16,16 @@ which would widen the spread for nothing; heavy pools use the global pool's spre
 (over their own ``per``), or the floor when their store sends no light requests.
 
 **Slowdown (429 feedback, AIMD).** A 429 raises the pool's slowdown to ``n / accepted``, where
-``accepted`` counts the pool's starts in the window before the refused one (or since the pool
-last came back from idle, when that is more recent): a server enforcing 40/s against a client
+``accepted`` is how many starts the pool made in the window before the refused one (or since it
+last came back from idle, if later), reckoned from its interval so that the starts of every
+process sharing the backend count, not this one's alone: a server enforcing 40/s against a client
 pacing 50/s refuses the 41st request of a window, so one 429 learns 1.25. When that count says
 nothing (a pause lies within the window: the server may still count requests from before it;
 or it is under 3, and one start stamped late would skew it), or less than a step, the slowdown
 grows by ``1 + SLOWDOWN_STEP``. The excess over 1 halves every ``SLOWDOWN_HALF_LIFE`` seconds
 without a 429, so a limit lowered for a while is given back within minutes, and one that stays
-low costs a 429 about every
-``SLOWDOWN_HALF_LIFE * log2(1 + SLOWDOWN_STEP / excess)`` seconds (about a minute at 40/50).
+low costs a 429 about every ``SLOWDOWN_HALF_LIFE * log2(1 + SLOWDOWN_STEP / excess)`` seconds
+(about 40 s at 40/50).
 The 429s of requests already on their way when the first came back say nothing new: one
 widening per round trip.
 """
