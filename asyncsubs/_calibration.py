@@ -25,7 +25,7 @@ or it is under 3, and one start stamped late would skew it), or less than a step
 grows by ``1 + SLOWDOWN_STEP``. The excess over 1 halves every ``SLOWDOWN_HALF_LIFE`` seconds
 without a 429, so a limit lowered for a while is given back within minutes, and one that stays
 low costs a 429 about every ``SLOWDOWN_HALF_LIFE * log2(1 + SLOWDOWN_STEP / excess)`` seconds
-(about 40 s at 40/50).
+(about half a minute at 40/50).
 The 429s of requests already on their way when the first came back say nothing new: one
 widening per round trip.
 """
