@@ -9,8 +9,8 @@ gives a sample ``answered - due`` (its own lateness, the network and any queue i
 server's limiter, plus the work after the stamp), and the margin is the spread of recent
 samples (the 95th percentile less the 5th, over the last ``2 n``: about two windows) over
 ``per``, floored at ``Limits.safety_margin`` and capped at ``Limits.max_margin``. Until ``n + 1``
-samples exist a pool paces at ``Limits.start_margin``: a fresh server (cold caches, connections
-being opened) stamps its first requests unevenly. Only the global pool's
+samples exist a pool paces at the cap: a fresh server (cold caches, connections being opened)
+stamps its first requests unevenly. Only the global pool's
 light requests are sampled: a heavy list page spends 100-800 ms being built *after* the stamp,
 which would widen the spread for nothing; heavy pools use the global pool's spread in seconds
 (over their own ``per``), or the floor when their store sends no light requests.

@@ -137,9 +137,9 @@ class Limits(PoolSplit):
     - ``safety_margin``: the least fraction by which pacing stays below each rate (0.02: starts
       at least ``1.02 * per / n`` apart).
     - ``max_margin``: the most the measured margin may grow to, for arrival jitter (see
-      README, "How close to the limit").
-    - ``start_margin``: the margin of a pool until it has a window of samples: a fresh server
-      (cold caches, connections being opened) stamps the first requests unevenly.
+      README, "How close to the limit"), and the margin of a pool until it has a window of
+      samples: a fresh server (cold caches, connections being opened) stamps its first
+      requests unevenly.
     - ``server_limits``: what a server's rate-limit headers do: ``"lower"`` paces by an
       announced quota lower than configured, ``"follow"`` by any announced quota, ``"ignore"``
       reads none.
@@ -150,14 +150,13 @@ class Limits(PoolSplit):
     max_in_flight: int = 64
     safety_margin: float = 0.02
     max_margin: float = 0.10
-    start_margin: float = 0.25
     server_limits: str = "lower"
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.global_rate, Rate):
             raise ConfigError(f"Limits.global_rate must be a Rate, got {self.global_rate!r}")
         positive_int("Limits.max_in_flight", self.max_in_flight)
-        for name in ("safety_margin", "max_margin", "start_margin"):
+        for name in ("safety_margin", "max_margin"):
             margin = getattr(self, name)
             if (
                 isinstance(margin, bool)

@@ -337,7 +337,7 @@ class StoreLimiter:
         elif p is not self._global and p.requests > rate.n:  # a store sending only heavy lists
             margin, paced_by = limits.safety_margin, "floor"
         else:
-            margin, paced_by = limits.start_margin, "start"
+            margin, paced_by = limits.max_margin, "start"
         slowdown = p.slowdown.value(now)
         if slowdown > 1 + 1e-3:
             paced_by = "429"

@@ -102,7 +102,6 @@ def limits(
         max_in_flight=max_in_flight,
         safety_margin=margin,
         max_margin=margin,
-        start_margin=margin,
     )
 
 
@@ -580,18 +579,17 @@ def calibrating(n: int = 10, **heavy: Rate) -> Limits:
         heavy=heavy or {},
         safety_margin=0.02,
         max_margin=0.10,
-        start_margin=0.25,
     )
 
 
-async def test_a_pool_starts_at_the_start_margin(clock: VirtualClock) -> None:
+async def test_a_pool_starts_at_the_cap(clock: VirtualClock) -> None:
     lim = calibrating()
     sl = LocalLimiter().bind("acme", lim)
     starts: list[float] = []
     await asyncio.gather(*spawn(5, sl, "global", starts))
     g = sl.stats().pools["global"]
-    assert (g.margin, g.paced_by) == (0.25, "start")
-    assert gaps(starts) == pytest.approx([0.1 * 1.25] * 4)
+    assert (g.margin, g.paced_by) == (0.10, "start")
+    assert gaps(starts) == pytest.approx([0.1 * 1.10] * 4)
 
 
 async def test_the_margin_follows_the_spread_of_answers(clock: VirtualClock) -> None:

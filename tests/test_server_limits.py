@@ -272,7 +272,7 @@ def gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-START = 1 + Limits().start_margin  # no samples yet: every pool paces at the starting margin
+START = 1 + Limits().max_margin  # no samples yet: every pool paces at the cap
 
 ANNOUNCE: dict[str, Callable[[int], dict[str, str]]] = {
     "ietf": lambda q: {

@@ -546,7 +546,7 @@ server_limits = "follow"
 [stores.a]
 base_url = "https://a.example"
 token_env = "A_TOKEN"
-limits = { start_margin = 0.3, safety_margin = 0.01 }
+limits = { safety_margin = 0.01 }
 
 [stores.b]
 base_url = "https://b.example"
@@ -566,5 +566,5 @@ limits = { safety_margin = 0.5, server_limits = "always" }
     assert info.value.problems == ("stores.b.limits: max_margin must be >= safety_margin",)
     path.write_text(path.read_text().replace("0.5", "0.1"), encoding="utf-8")
     a, b = load_config(path, {"A_TOKEN": "x"})
-    assert (a.limits.safety_margin, a.limits.max_margin, a.limits.start_margin) == (0.01, 0.2, 0.3)
+    assert (a.limits.safety_margin, a.limits.max_margin) == (0.01, 0.2)
     assert (a.limits.server_limits, b.limits.server_limits) == ("follow", "ignore")

@@ -62,7 +62,7 @@ _STORE_KEYS: Final = frozenset(
     }
 )
 _DEFAULT_KEYS: Final = _STORE_KEYS - {"base_url", "token_env"}
-_MARGIN_KEYS: Final = ("safety_margin", "max_margin", "start_margin")
+_MARGIN_KEYS: Final = ("safety_margin", "max_margin")
 _LIMIT_KEYS: Final = frozenset({"global", "heavy", "max_in_flight", *_MARGIN_KEYS, "server_limits"})
 _SERVER_LIMITS: Final = ("lower", "follow", "ignore")
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
