@@ -42,7 +42,7 @@ else:
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, TracerProvider
 
     from ._limiter import StoreLimiter
 
@@ -180,16 +180,16 @@ def telemetry_for(
         raise ConfigError(
             f"tracer_provider must be an opentelemetry TracerProvider, got {tracer_provider!r}"
         )
-    tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
-    return _Recording(_instruments(meter_provider), tracer, base_url, store)
+    return _Recording(_instruments(meter_provider), tracer_provider, base_url, store)
 
 
 # -- recording ----------------------------------------------------------------------------------
 
 
 class _Instruments:
-    """The instruments of one meter provider, and the limiters its gauges observe. One per
-    provider: a second set would be refused by the SDK (and its gauges' callbacks lost)."""
+    """The instruments of one meter provider, and what its observable instruments report: the
+    limiters' pools and the requests in flight. One per provider: the SDK refuses a second
+    instrument of a name (and would lose its callbacks)."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
         meter = metrics.get_meter(SCOPE, __version__, meter_provider=provider)
@@ -213,8 +213,10 @@ class _Instruments:
         self.retries = meter.create_counter(
             "asyncsubs.retries", unit="{attempt}", description="Attempts that were retries."
         )
-        self.in_flight = meter.create_up_down_counter(
+        # Counted here and observed, rather than an UpDownCounter's two measurements a request.
+        meter.create_observable_up_down_counter(
             "asyncsubs.requests.in_flight",
+            callbacks=[self._in_flight_now],
             unit="{request}",
             description="Requests started by the limiter and not yet answered.",
         )
@@ -230,13 +232,25 @@ class _Instruments:
             unit="1",
             description="The fraction by which the pool's pacing stays below its rate now.",
         )
-        # Gauges are read in the SDK's export thread while loops bind new stores.
+        # Observed in the SDK's export thread while event loops (maybe several) update them.
         self._lock = threading.Lock()
         self._limiters: weakref.WeakSet[StoreLimiter] = weakref.WeakSet()
+        self._in_flight: dict[tuple[str, str], int] = {}
 
     def observe(self, limiter: StoreLimiter) -> None:
         with self._lock:
             self._limiters.add(limiter)
+
+    def started(self, store: str, pool: str, change: int) -> None:
+        """``change`` (+1, -1) requests of ``store``'s ``pool`` in flight."""
+        with self._lock:
+            key = (store, pool)
+            self._in_flight[key] = self._in_flight.get(key, 0) + change
+
+    def _in_flight_now(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            counts = list(self._in_flight.items())
+        return [metrics.Observation(n, {STORE: s, POOL: p}) for (s, p), n in counts]
 
     def _pools(self) -> Iterable[tuple[dict[str, Any], float, float]]:
         with self._lock:
@@ -274,16 +288,22 @@ def _instruments(provider: MeterProvider | None) -> _Instruments:
 
 
 class _Recording(Telemetry):
-    __slots__ = ("instruments", "pool_attributes", "server", "store", "tracer")
+    __slots__ = ("_attributes", "instruments", "server", "store", "tracer")
 
-    def __init__(self, instruments: _Instruments, tracer: Tracer, base_url: str, store: str):
+    def __init__(
+        self,
+        instruments: _Instruments,
+        tracer_provider: TracerProvider | None,
+        base_url: str,
+        store: str,
+    ) -> None:
         parts = urlsplit(base_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self.instruments = instruments
-        self.tracer = tracer
+        self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
         self.store = store
         self.server: dict[str, Any] = {"server.address": parts.hostname, "server.port": port}
-        self.pool_attributes: dict[str, dict[str, Any]] = {}
+        self._attributes: dict[tuple[object, ...], dict[str, Any]] = {}
 
     def call(self, kind: str, request: Request, pool: str) -> Call:
         return _RecordingCall(self, kind, request, pool)
@@ -291,10 +311,20 @@ class _Recording(Telemetry):
     def observe(self, limiter: StoreLimiter) -> None:
         self.instruments.observe(limiter)
 
-    def attributes_of(self, pool: str) -> dict[str, Any]:
-        found = self.pool_attributes.get(pool)
+    def attributes(self, *key: Any) -> dict[str, Any]:
+        """The attributes of ``(pool, method, status, error)`` (trailing Nones may be left
+        out), built once: metrics are recorded with the same dict each time."""
+        found = self._attributes.get(key)
         if found is None:
-            found = self.pool_attributes[pool] = {STORE: self.store, POOL: pool}
+            pool, method, status, error = (*key, None, None, None)[:4]
+            found = {STORE: self.store, POOL: pool}
+            if method is not None:
+                found = {"http.request.method": method, **self.server, **found}
+            if status is not None:
+                found["http.response.status_code"] = status
+            if error is not None:
+                found["error.type"] = error
+            self._attributes[key] = found
         return found
 
 
@@ -308,18 +338,23 @@ class _RecordingCall(Call):
         self.pool = pool
         method = request.method
         self.method = method if method in KNOWN_METHODS else "_OTHER"
+        self._span: Span | None = None
 
     def __enter__(self) -> Call:
-        attributes = {**self.telemetry.attributes_of(self.pool), "http.request.method": self.method}
-        name = (
-            f"asyncsubs.page {self.request.path}"
-            if self.kind == "page"
-            else (f"asyncsubs.request {self.request.method}")
-        )
-        self._span = self.telemetry.tracer.start_span(
-            name, kind=SpanKind.INTERNAL, attributes=attributes
-        )
-        self._token = context.attach(trace.set_span_in_context(self._span))
+        request = self.request
+        if self.kind == "page":
+            name = f"asyncsubs.page {request.path}"
+        else:
+            name = f"asyncsubs.request {request.method}"
+        span = self.telemetry.tracer.start_span(name, kind=SpanKind.INTERNAL)
+        # Without an SDK this is the invalid span: no attributes, context or attempt spans
+        # then, so that a client nobody traces pays next to nothing.
+        if span.get_span_context().is_valid:
+            if span.is_recording():
+                span.set_attributes(self.telemetry.attributes(self.pool))
+                span.set_attribute("http.request.method", self.method)
+            self._span = span
+            self._token = context.attach(trace.set_span_in_context(span))
         return self
 
     def __exit__(
@@ -329,12 +364,13 @@ class _RecordingCall(Call):
         tb: TracebackType | None,
     ) -> None:
         span = self._span
+        if span is None:
+            return
         try:
             if exc is not None:
                 status = getattr(exc, "status", None)
                 answered = isinstance(status, int) and status >= 400
-                failed = str(status) if answered else error_type(exc)
-                span.set_attribute("error.type", failed)
+                span.set_attribute("error.type", str(status) if answered else error_type(exc))
                 # asyncsubs' messages never carry the token, and its errors chain nothing
                 # that does (see _transport.send).
                 span.record_exception(exc)
@@ -353,6 +389,7 @@ class _RecordingExchange(Exchange):
     def __init__(self, call: _RecordingCall, number: int) -> None:
         self.call = call
         self.number = number
+        self._sent: float | None = None
         self._span: Span | None = None
         self._status: int | None = None
 
@@ -362,21 +399,23 @@ class _RecordingExchange(Exchange):
         self._queued = self._loop.time()
         if self.number > 1:
             call = self.call
-            call.telemetry.instruments.retries.add(1, call.telemetry.attributes_of(call.pool))
+            call.telemetry.instruments.retries.add(1, call.telemetry.attributes(call.pool))
         return self
 
     def sending(self) -> None:
         call = self.call
         telemetry = call.telemetry
-        pool = telemetry.attributes_of(call.pool)
+        instruments = telemetry.instruments
         self._sent = now = self._loop.time()
-        telemetry.instruments.wait.record(now - self._queued, pool)
-        telemetry.instruments.in_flight.add(1, pool)
+        instruments.wait.record(now - self._queued, telemetry.attributes(call.pool))
+        instruments.started(telemetry.store, call.pool, 1)
+        if call._span is None:  # not tracing
+            return
         attributes = {
             "http.request.method": call.method,
             **telemetry.server,
             "url.full": call.request.url.partition("?")[0],
-            **pool,
+            **telemetry.attributes(call.pool),
         }
         if self.number > 1:
             attributes["http.request.resend_count"] = self.number - 1
@@ -394,34 +433,33 @@ class _RecordingExchange(Exchange):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        span = self._span
-        if span is None:  # it never started: failed in the limiter, or cancelled there
+        if self._sent is None:  # it never started: failed in the limiter, or cancelled there
             return
         call = self.call
         telemetry = call.telemetry
         instruments = telemetry.instruments
-        pool = telemetry.attributes_of(call.pool)
+        status = self._status
+        failed = None
+        if status is not None and status >= 400:
+            failed = str(status)
+        elif exc is not None:
+            failed = error_type(exc)
+        if isinstance(exc, RateLimitError):  # a 429, or a rate-limit code in a 200
+            instruments.rate_limited.add(1, telemetry.attributes(call.pool))
+        attributes = telemetry.attributes(call.pool, call.method, status, failed)
+        instruments.duration.record(self._loop.time() - self._sent, attributes)
+        instruments.started(telemetry.store, call.pool, -1)
+        span = self._span
+        if span is None:
+            return
         try:
-            attributes = {"http.request.method": call.method, **telemetry.server, **pool}
-            status = self._status
-            failed = None
             if status is not None:
-                attributes["http.response.status_code"] = status
                 span.set_attribute("http.response.status_code", status)
-                if status >= 400:
-                    failed = str(status)
-            if failed is None and exc is not None:
-                failed = error_type(exc)
             if failed is not None:
-                attributes["error.type"] = failed
                 span.set_attribute("error.type", failed)
-                # The description only when the status code does not say it all.
+                # A description only when the status code does not say it all.
                 shown = None if status is not None and status >= 400 else f"{exc}"
                 span.set_status(Status(StatusCode.ERROR, shown))
-            if isinstance(exc, RateLimitError):  # a 429, or a rate-limit code in a 200
-                instruments.rate_limited.add(1, pool)
-            instruments.duration.record(self._loop.time() - self._sent, attributes)
-            instruments.in_flight.add(-1, pool)
         finally:
             span.end()
             context.detach(self._token)

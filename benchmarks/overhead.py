@@ -12,14 +12,20 @@ figure is the median over rounds. The client runs with limits out of the way.
 ``prefetch=1`` is the client's default; it overlaps the next request with the consumer's work,
 which the sequential baseline cannot, so ``prefetch=0`` is the like-for-like comparison and both
 are judged. CPU microseconds per page (this process only) are printed as well.
+
+OpenTelemetry: the client rows run with the API installed and no SDK configured (what a user
+who never set one up gets); two more rows show ``telemetry=False`` (no hook records anything)
+and an SDK configured (a meter provider aggregating in memory, spans batched to an exporter
+that drops them), both models and prefetch=0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -57,11 +63,30 @@ async def raw_loop(base_url: str, pages: int) -> tuple[float, float]:
         return time.perf_counter() - t0, time.process_time() - c0
 
 
+@functools.cache
+def sdk_providers() -> dict[str, Any]:
+    """An SDK meter and tracer provider as an application would configure them, exporting
+    nowhere: metrics aggregate in memory, spans go through a batch processor to a sink."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Sink(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Sink()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return {"meter_provider": meter_provider, "tracer_provider": tracer_provider}
+
+
 async def client_loop(
-    base_url: str, pages: int, *, model: Any, prefetch: int
+    base_url: str, pages: int, *, model: Any, prefetch: int, **options: Any
 ) -> tuple[float, float]:
     async with AdminClient(
-        token="token", base_url=base_url, store="overhead", limits=LOOSE_LIMITS
+        token="token", base_url=base_url, store="overhead", limits=LOOSE_LIMITS, **options
     ) as client:
         listing = client.subscriptions.list(page_size=PAGE_SIZE, model=model, prefetch=prefetch)
         seen = 0
@@ -84,7 +109,20 @@ VARIANTS: list[Variant] = [
     ("client, models, prefetch=0", lambda u, n: client_loop(u, n, model=None, prefetch=0)),
     ("client, model=dict, prefetch=1", lambda u, n: client_loop(u, n, model=dict, prefetch=1)),
     ("client, model=dict, prefetch=0", lambda u, n: client_loop(u, n, model=dict, prefetch=0)),
+    (
+        "client, models, prefetch=0, telemetry=False",
+        lambda u, n: client_loop(u, n, model=None, prefetch=0, telemetry=False),
+    ),
+    (
+        "client, models, prefetch=0, SDK configured",
+        lambda u, n: client_loop(u, n, model=None, prefetch=0, **sdk_providers()),
+    ),
 ]
+NO_SDK = "client, models, prefetch=0"
+OFF = "client, models, prefetch=0, telemetry=False"
+#: The client with the API and no SDK against the client switched off, same rounds: "no cost
+#: when unused" within this machine's noise.
+TARGET_NO_SDK = 0.95
 
 
 async def measure(base_url: str, rounds: int, pages: int) -> dict[str, dict[str, list[float]]]:
@@ -115,15 +153,25 @@ def bench(report: Report) -> None:
     for loop in loops():
         with canned_server(PAGE_SIZE) as server:
             results = run(lambda: measure(server["base_url"], rounds, pages), loop)
-        report.say(f"  event loop: {loop} (client and baseline alike; server: uvloop)")
+        report.say(
+            f"  event loop: {loop} (client and baseline alike; server: uvloop); client rows:"
+            " OpenTelemetry API installed, no SDK configured, unless the row says otherwise"
+        )
         rows = []
         for name, _ in VARIANTS:
             r = results[name]
             rows.append([name, median(r["rate"]), median(r["ratio"]), median(r["cpu_us"])])
         report.table(["variant", "pages/s", "x baseline", "CPU us/page"], rows)
-        for name, _ in VARIANTS[1:]:
+        for name, _ in VARIANTS[1:5]:
             target = TARGET_DICT if "dict" in name else TARGET_MODELS
             report.check(f"{loop}: {name} / baseline", median(results[name]["ratio"]), ">=", target)
+        no_sdk = [a / b for a, b in zip(results[NO_SDK]["rate"], results[OFF]["rate"], strict=True)]
+        report.check(
+            f"{loop}: OpenTelemetry API without an SDK / telemetry=False (models, prefetch=0)",
+            median(no_sdk),
+            ">=",
+            TARGET_NO_SDK,
+        )
 
 
 def profile(report: Report, pages: int = 2000) -> None:
