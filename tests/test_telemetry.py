@@ -199,7 +199,11 @@ async def test_limiter_waits_and_request_durations_are_measured(
         limiter=LocalLimiter(),
         **otel.providers(),
     ) as client:
-        await asyncio.gather(*(client.request("GET", "subscriptions/1") for _ in range(3)))
+        calls = [asyncio.ensure_future(client.request("GET", "subscriptions/1")) for _ in range(3)]
+        await asyncio.sleep(0.1)  # the first is answering, the others wait for their start
+        (in_flight,) = otel.metrics()["asyncsubs.requests.in_flight"]
+        assert in_flight.value == 1
+        await asyncio.gather(*calls)
     points = otel.metrics()
     (wait,) = points["asyncsubs.limiter.wait.duration"]
     assert (wait.count, wait.sum, wait.max) == (3, pytest.approx(1.5), pytest.approx(1.0))
