@@ -16,7 +16,9 @@ are judged. CPU microseconds per page (this process only) are printed as well.
 OpenTelemetry: the client rows run with the API installed and no SDK configured (what a user
 who never set one up gets); two more rows show ``telemetry=False`` (no hook records anything)
 and an SDK configured (a meter provider aggregating in memory, spans batched to an exporter
-that drops them), both models and prefetch=0.
+that drops them), both models and prefetch=0. Page rates are noisy on a shared machine, so the
+telemetry's own cost is also measured alone: CPU microseconds per request through an in-memory
+transport (no socket, no records), the client's path and nothing else.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from asyncsubs import AdminClient
+from asyncsubs._protocol import RawResponse, Request
 
 from ._canned import canned_server
 from ._common import LOOSE_LIMITS, Report, loops, median, pages_of, run
@@ -144,6 +147,47 @@ async def measure(base_url: str, rounds: int, pages: int) -> dict[str, dict[str,
     return results
 
 
+class Instant:
+    """A transport that answers every request at once with the same small envelope."""
+
+    ANSWER = RawResponse(200, {}, b'{"success": true, "code": "SUCCESS", "data": {}}')
+
+    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+        return self.ANSWER
+
+    async def aclose(self) -> None:
+        pass
+
+
+TELEMETRY = {
+    "telemetry=False": lambda: {"telemetry": False},
+    "API, no SDK configured": dict,
+    "SDK configured": sdk_providers,
+}
+
+
+async def request_cpu_us(requests: int, rounds: int) -> dict[str, list[float]]:
+    """CPU microseconds per ``client.request`` through :class:`Instant`, per telemetry setting,
+    interleaved rounds."""
+    found: dict[str, list[float]] = {name: [] for name in TELEMETRY}
+    for r in range(rounds + 1):  # the first round warms up
+        for name, options in TELEMETRY.items():
+            async with AdminClient(
+                token="token",
+                base_url="https://subs.example",
+                store=f"cpu-{name}",
+                limits=LOOSE_LIMITS,
+                transport=Instant(),
+                **options(),
+            ) as client:
+                c0 = time.process_time()
+                for _ in range(requests):
+                    await client.request("GET", "things/1")
+                if r:
+                    found[name].append((time.process_time() - c0) / requests * 1e6)
+    return found
+
+
 def bench(report: Report) -> None:
     rounds, pages = (3, 120) if report.quick else (9, 300)
     report.say(
@@ -172,6 +216,17 @@ def bench(report: Report) -> None:
             ">=",
             TARGET_NO_SDK,
         )
+    requests, cpu_rounds = (2_000, 3) if report.quick else (10_000, 7)
+    cpu = run(lambda: request_cpu_us(requests, cpu_rounds))
+    report.say(
+        f"  the client's own path: CPU us per request through an in-memory transport"
+        f" (asyncio, {cpu_rounds} interleaved rounds x {requests:,} requests, median)"
+    )
+    off = median(cpu["telemetry=False"])
+    report.table(
+        ["telemetry", "CPU us/request", "+ us vs telemetry=False"],
+        [[name, median(v), median(v) - off] for name, v in cpu.items()],
+    )
 
 
 def profile(report: Report, pages: int = 2000) -> None:
