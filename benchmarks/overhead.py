@@ -122,10 +122,10 @@ VARIANTS: list[Variant] = [
     ),
 ]
 NO_SDK = "client, models, prefetch=0"
-OFF = "client, models, prefetch=0, telemetry=False"
-#: The client with the API and no SDK against the client switched off, same rounds: "no cost
-#: when unused" within this machine's noise.
-TARGET_NO_SDK = 0.95
+#: "No cost when unused": what the API without an SDK adds to a request, at most this fraction
+#: of the CPU a page costs the client. Measured alone (``request_cpu_us``): page rates on a
+#: shared machine vary by more than that from round to round.
+TARGET_NO_SDK_SHARE = 0.01
 
 
 async def measure(base_url: str, rounds: int, pages: int) -> dict[str, dict[str, list[float]]]:
@@ -209,13 +209,7 @@ def bench(report: Report) -> None:
         for name, _ in VARIANTS[1:5]:
             target = TARGET_DICT if "dict" in name else TARGET_MODELS
             report.check(f"{loop}: {name} / baseline", median(results[name]["ratio"]), ">=", target)
-        no_sdk = [a / b for a, b in zip(results[NO_SDK]["rate"], results[OFF]["rate"], strict=True)]
-        report.check(
-            f"{loop}: OpenTelemetry API without an SDK / telemetry=False (models, prefetch=0)",
-            median(no_sdk),
-            ">=",
-            TARGET_NO_SDK,
-        )
+        page_cpu_us = median(results[NO_SDK]["cpu_us"])
     requests, cpu_rounds = (2_000, 3) if report.quick else (10_000, 7)
     cpu = run(lambda: request_cpu_us(requests, cpu_rounds))
     report.say(
@@ -226,6 +220,14 @@ def bench(report: Report) -> None:
     report.table(
         ["telemetry", "CPU us/request", "+ us vs telemetry=False"],
         [[name, median(v), median(v) - off] for name, v in cpu.items()],
+    )
+    report.check(
+        f"API without an SDK: + CPU us per request (target: {TARGET_NO_SDK_SHARE:.0%} of the"
+        f" {page_cpu_us:,.0f} us a page costs the client, {loop}, models, prefetch=0)",
+        median(cpu["API, no SDK configured"]) - off,
+        "<=",
+        TARGET_NO_SDK_SHARE * page_cpu_us,
+        fmt="{:.1f}",
     )
 
 
