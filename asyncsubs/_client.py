@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import aiohttp
 
@@ -35,8 +35,13 @@ from ._protocol import (
 from ._retry import pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
+from ._telemetry import Call, telemetry_for
 from ._transport import AiohttpTransport, Transport
 from .errors import AsyncSubsError, ConfigError, RateLimitError
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["AdminClient"]
 
@@ -58,6 +63,8 @@ class AdminClient:
 
     Every keyword is optional except ``token`` and ``base_url`` (which may come from
     ``ASYNCSUBS_TOKEN`` / ``ASYNCSUBS_BASE_URL``). See README.md for the full guide.
+    ``telemetry=False`` turns OpenTelemetry off; ``meter_provider``/``tracer_provider`` replace
+    the global providers (see :mod:`asyncsubs._telemetry` and README, "Observability").
     """
 
     def __init__(
@@ -76,6 +83,9 @@ class AdminClient:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         transport: Transport | None = None,
         user_agent: str | None = None,
+        telemetry: bool = True,
+        meter_provider: MeterProvider | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         token = os.environ.get(TOKEN_ENV) if token is None else token
         base_url = os.environ.get(BASE_URL_ENV) if base_url is None else base_url
@@ -104,6 +114,13 @@ class AdminClient:
         self._store_limiter: StoreLimiter | None = None
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
         self._headers = request_headers(self._token, self._user_agent)
+        self._telemetry = telemetry_for(
+            self._base,
+            store,
+            enabled=telemetry,
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+        )
         self._closed = False
         # The event loop of the first request: the session, the limiter's futures and timers
         # belong to it, and another loop would meet them with RuntimeErrors.
@@ -170,6 +187,7 @@ class AdminClient:
         if self._store_limiter is None:
             limiter = default_limiter() if self._limiter is None else self._limiter
             self._store_limiter = limiter.bind(self.store, self.limits)
+            self._telemetry.observe(self._store_limiter)
         return self._store_limiter
 
     async def request(
@@ -183,13 +201,15 @@ class AdminClient:
         """Send any request (rate-limited and retried per policy); return the parsed answer."""
         if not isinstance(method, str) or not (method.isascii() and method.isalpha()):
             raise ConfigError(f"method must be an HTTP method name like 'GET', got {method!r}")
-        return await self._call(method.upper(), clean_path(path), params, json, parse_response)
+        path = clean_path(path)
+        return await self._call("request", method.upper(), path, params, json, parse_response)
 
     async def _get_page(self, path: str, params: Mapping[str, Any]) -> PageEnvelope:
-        return await self._call("GET", path, params, None, parse_page)
+        return await self._call("page", "GET", path, params, None, parse_page)
 
     async def _call(
         self,
+        kind: str,
         method: str,
         path: str,
         params: Mapping[str, Any] | None,
@@ -198,7 +218,7 @@ class AdminClient:
     ) -> T:
         """The request path, and its one retry loop: attempts until one succeeds or the
         policy (``_retry.retry_delay``) gives up, which re-raises the last error with
-        ``attempts`` set on it."""
+        ``attempts`` set on it. ``kind`` ("request", "page") names the call's span."""
         if self._closed:
             raise ConfigError("the client is closed")
         loop = asyncio.get_running_loop()
@@ -223,27 +243,29 @@ class AdminClient:
         pool = self.limits.pool_for(method, path)
         started = time.monotonic()
         attempt = 1
-        while True:
-            try:
-                return await self._attempt(request, limiter, pool, parse, attempt)
-            except AsyncSubsError as exc:  # anything else (cancellation) is never retried
-                exc.attempts = attempt
-                delay = retry_delay(self.retry, request, exc, attempt, time.monotonic() - started)
-                if delay is None:
-                    raise
-                log.debug(
-                    "%s %s: attempt %d failed (%s); retrying in %.3fs",
-                    request.method,
-                    request.path,
-                    attempt,
-                    type(exc).__name__,
-                    delay,
-                    extra={"error": exc},  # the whole error, for handlers that show why (the CLI)
-                )
-            if delay > 0:
-                await asyncio.sleep(delay)
-            attempt += 1
-            limiter.record_retry(pool)
+        with self._telemetry.call(kind, request, pool) as call:
+            while True:
+                try:
+                    return await self._attempt(request, limiter, pool, parse, attempt, call)
+                except AsyncSubsError as exc:  # anything else (cancellation) is never retried
+                    exc.attempts = attempt
+                    elapsed = time.monotonic() - started
+                    delay = retry_delay(self.retry, request, exc, attempt, elapsed)
+                    if delay is None:
+                        raise
+                    log.debug(
+                        "%s %s: attempt %d failed (%s); retrying in %.3fs",
+                        request.method,
+                        request.path,
+                        attempt,
+                        type(exc).__name__,
+                        delay,
+                        extra={"error": exc},  # the whole error, for handlers that show why
+                    )
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                attempt += 1
+                limiter.record_retry(pool)
 
     async def _attempt(
         self,
@@ -252,19 +274,23 @@ class AdminClient:
         pool: str,
         parse: Callable[[str, str, RawResponse], T],
         number: int,
+        call: Call,
     ) -> T:
         """Attempt ``number`` (from 1): a paced start, the transport, the protocol."""
-        async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
-            if self._closed:  # aclose() ran while this request waited: no new session
-                raise ConfigError("the client was closed while this request waited")
-            raw = await self._transport.send(request, timeout=self.timeout)
-        try:
-            result = parse(request.method, request.path, raw)
-        except AsyncSubsError as exc:
-            self._heed_limits(limiter, slot, raw, exc, number)
-            raise
-        self._heed_limits(limiter, slot, raw, None, number)
-        return result
+        with call.attempt(number) as exchange:
+            async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
+                if self._closed:  # aclose() ran while this request waited: no new session
+                    raise ConfigError("the client was closed while this request waited")
+                exchange.sending()
+                raw = await self._transport.send(request, timeout=self.timeout)
+            exchange.received(raw.status)
+            try:
+                result = parse(request.method, request.path, raw)
+            except AsyncSubsError as exc:
+                self._heed_limits(limiter, slot, raw, exc, number)
+                raise
+            self._heed_limits(limiter, slot, raw, None, number)
+            return result
 
     def _heed_limits(
         self,

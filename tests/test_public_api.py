@@ -136,9 +136,13 @@ def test_every_runtime_dependency_is_imported_and_every_import_declared() -> Non
     root = Path(asyncsubs.__file__).parent
     project = tomllib.loads((root.parent / "pyproject.toml").read_text())["project"]
 
+    # Distributions imported by another name than their own.
+    imported_as = {"opentelemetry_api": "opentelemetry", "opentelemetry_sdk": "opentelemetry"}
+
     def names(requirements: list[str]) -> set[str]:
         # "pytest-asyncio>=0.23" -> "pytest_asyncio", the name it is imported by
-        return {re.split(r"[^A-Za-z0-9_.-]", r)[0].lower().replace("-", "_") for r in requirements}
+        found = {re.split(r"[^A-Za-z0-9_.-]", r)[0].lower().replace("-", "_") for r in requirements}
+        return {imported_as.get(name, name) for name in found}
 
     runtime = names(project["dependencies"])
     extras = set().union(*(names(reqs) for reqs in project["optional-dependencies"].values()))
