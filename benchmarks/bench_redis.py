@@ -11,11 +11,14 @@
    straight to Redis and through a TCP proxy adding 5 ms of round trip; three workers with
    ``fallback_fraction=1/3``, one of them through a proxy that is cut (a network partition:
    connections dropped, new ones never answered) for 15 s of a 25 s run.
-3. The cost of one acquire against local Redis, median and p99 in us: the EVALSHA round trip
+3. Arrival jitter shared: 3 workers x ``--tasks`` against a server that stamps each request
+   10-30 ms after it arrives (``inbound_delay``), so the measured margin of every worker counts.
+4. The cost of one acquire against local Redis, median and p99 in us: the EVALSHA round trip
    alone, and the whole client-side acquire (queue, Redis, in-flight gate) on an idle pool.
 
 PASS: with Redis, together >= 95% of the allowed rate and no 429 at all; with one worker of
-three partitioned, >= 90% and at most 2 429s. The single worker rows are printed, not judged.
+three partitioned, >= 90% and at most 2 429s; three workers with the inbound delay, >= 95% and at
+most 2 429s. The single worker rows are printed, not judged.
 Without ``--redis-url``, a redis-server (on PATH) is started on a free loopback port.
 """
 
@@ -77,6 +80,11 @@ MIN_RATIO = 0.95
 PARTITION = (5.0, 15.0)
 PARTITION_MIN_RATIO = 0.90
 PARTITION_MAX_429 = 2
+#: Three workers against a server that stamps requests 10-30 ms after they arrive.
+INBOUND = (0.010, 0.030)
+INBOUND_WORKERS = 3
+INBOUND_MIN_RATIO = 0.95
+INBOUND_MAX_429 = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,10 +416,28 @@ def run(opts: Options, out: _Out) -> bool:
             if not opts.skip_local:
                 phases.append(run_phase("in-process", remote, ids, opts, [None for _ in workers]))
             faults = [] if opts.no_faults else fault_phases(remote, ids, opts, url)
+        delayed = run_in_process(
+            stores=[FakeStoreConfig(STORE, records=1000)],
+            latency=LATENCY,
+            inbound_delay=INBOUND,
+            rate_limits=limits,
+        )
+        with delayed:
+            jitter = run_phase(
+                f"RedisLimiter, {INBOUND_WORKERS} processes, stamped"
+                f" {INBOUND[0] * 1000:g}-{INBOUND[1] * 1000:g} ms late",
+                delayed,
+                _customer_ids(delayed),
+                opts,
+                [url] * INBOUND_WORKERS,
+            )
         cost = asyncio.run(acquire_cost(url, opts.acquires))
     out.table(
         ["limiter", "accepted", "x allowed rate", "429s", "most in 1 s", "requests failed"],
-        [[p.name, p.accepted, p.ratio, p.server_429, p.peak, p.failed] for p in phases + faults],
+        [
+            [p.name, p.accepted, p.ratio, p.server_429, p.peak, p.failed]
+            for p in [*phases, *faults, jitter]
+        ],
     )
     out.table(
         ["acquire cost, local Redis (us)", "median", "p99"],
@@ -426,6 +452,14 @@ def run(opts: Options, out: _Out) -> bool:
     checks = [
         out.check("Redis: throughput / allowed rate", shared.ratio, ">=", MIN_RATIO),
         out.check("Redis: 429 responses", shared.server_429, "<=", 0, "{:.0f}"),
+    ]
+    checks += [
+        out.check(
+            "inbound delay: throughput / allowed rate", jitter.ratio, ">=", INBOUND_MIN_RATIO
+        ),
+        out.check(
+            "inbound delay: 429 responses", jitter.server_429, "<=", INBOUND_MAX_429, "{:.0f}"
+        ),
     ]
     if faults:
         cut = faults[-1]
