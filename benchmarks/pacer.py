@@ -32,6 +32,7 @@ import aiohttp
 
 from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
+from asyncsubs.testing._limits import Window
 
 from ._common import (
     Report,
@@ -59,7 +60,7 @@ DELAYS: Sequence[tuple[str, Any, float]] = (
     ("10-30 ms", (0.010, 0.030), 0.95),
     ("20-60 ms", (0.020, 0.060), 0.93),
 )
-WINDOWS = ("sliding", "fixed", "leaky")
+WINDOWS: tuple[Window, ...] = ("sliding", "fixed", "leaky")
 
 
 def heavy_map(rate: Rate) -> dict[str, Rate]:
