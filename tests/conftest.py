@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from virtual_clock import VirtualClock
 
 from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
@@ -52,3 +54,43 @@ def make_client(server: FakeAdminServer) -> Callable[..., AdminClient]:
         return AdminClient(**kwargs)
 
     return make
+
+
+@pytest.fixture
+async def clock() -> AsyncIterator[VirtualClock]:
+    loop = asyncio.get_running_loop()
+    selector = getattr(loop, "_selector", None)
+    if selector is None:  # pragma: no cover - only selector loops are used here
+        pytest.skip("the virtual clock needs a selector event loop")
+    vclock = VirtualClock()
+    real_select = selector.select
+    real_call_at = loop.call_at
+
+    def select(timeout: float | None = None) -> Any:
+        events = real_select(0)
+        if events:
+            return events
+        if timeout is None:
+            # Nothing ready, no timer: in these tests that can only be a deadlock.
+            raise RuntimeError("virtual clock: every task waits and no timer is set")
+        # Land exactly on the next timer: ``now + (when - now)`` can round to just before it,
+        # which would only add spurious wake-ups.
+        if timeout > 0:
+            scheduled = loop._scheduled  # type: ignore[attr-defined]
+            landing = max(vclock.now + timeout, scheduled[0].when() if scheduled else 0.0)
+            vclock.now = landing + vclock.lateness + vclock.late_once
+            vclock.late_once = 0.0
+        return events
+
+    def call_at(when: float, callback: Callable[..., object], *args: Any, **kw: Any) -> Any:
+        vclock.timers += 1
+        return real_call_at(when, callback, *args, **kw)
+
+    loop.time = vclock.time  # type: ignore[method-assign]
+    loop.call_at = call_at  # type: ignore[method-assign,assignment]
+    selector.select = select
+    try:
+        yield vclock
+    finally:
+        # Restore before the runner closes the loop (its shutdown may wait on real I/O).
+        del loop.time, loop.call_at, selector.select

@@ -15,11 +15,12 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 import pytest
+from virtual_clock import VirtualClock
 
 from asyncsubs import AdminClient
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, SLOWDOWN_STEP, Jitter, Slowdown
@@ -39,57 +40,6 @@ from asyncsubs.limiting import (
 )
 
 EPS = 1e-9
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.timers = 0  # loop.call_at calls, to check that nothing polls
-        self.lateness = 0.0  # how late every timer fires, as a real loop's do
-        self.late_once = 0.0  # extra lateness of the next timer only (a busy loop iteration)
-
-    def time(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def clock() -> AsyncIterator[VirtualClock]:
-    loop = asyncio.get_running_loop()
-    selector = getattr(loop, "_selector", None)
-    if selector is None:  # pragma: no cover - only selector loops are used here
-        pytest.skip("the virtual clock needs a selector event loop")
-    vclock = VirtualClock()
-    real_select = selector.select
-    real_call_at = loop.call_at
-
-    def select(timeout: float | None = None) -> Any:
-        events = real_select(0)
-        if events:
-            return events
-        if timeout is None:
-            # Nothing ready, no timer: in these tests that can only be a deadlock.
-            raise RuntimeError("virtual clock: every task waits and no timer is set")
-        # Land exactly on the next timer: ``now + (when - now)`` can round to just before it,
-        # which would only add spurious wake-ups.
-        if timeout > 0:
-            scheduled = loop._scheduled  # type: ignore[attr-defined]
-            landing = max(vclock.now + timeout, scheduled[0].when() if scheduled else 0.0)
-            vclock.now = landing + vclock.lateness + vclock.late_once
-            vclock.late_once = 0.0
-        return events
-
-    def call_at(when: float, callback: Callable[..., object], *args: Any, **kw: Any) -> Any:
-        vclock.timers += 1
-        return real_call_at(when, callback, *args, **kw)
-
-    loop.time = vclock.time  # type: ignore[method-assign]
-    loop.call_at = call_at  # type: ignore[method-assign,assignment]
-    selector.select = select
-    try:
-        yield vclock
-    finally:
-        # Restore before the runner closes the loop (its shutdown may wait on real I/O).
-        del loop.time, loop.call_at, selector.select
 
 
 def limits(

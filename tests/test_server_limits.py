@@ -7,13 +7,14 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from virtual_clock import VirtualClock
 
 from asyncsubs import AdminClient, Limits, Rate, errors
 from asyncsubs._protocol import RawResponse, Request
@@ -181,43 +182,6 @@ def test_arbitrary_header_text_never_raises(headers: dict[str, str], now: float)
 
 
 # --- what a client does with them ----------------------------------------------------------------
-
-
-class VirtualClock:
-    """The running loop's ``time()``, jumped by the selector straight to the next timer."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def clock() -> AsyncIterator[VirtualClock]:
-    loop = asyncio.get_running_loop()
-    selector = getattr(loop, "_selector", None)
-    if selector is None:  # pragma: no cover - only selector loops are used here
-        pytest.skip("the virtual clock needs a selector event loop")
-    vclock = VirtualClock()
-    real_select = selector.select
-
-    def select(timeout: float | None = None) -> Any:
-        events = real_select(0)
-        if events or timeout is None or timeout <= 0:
-            if not events and timeout is None:
-                raise RuntimeError("virtual clock: every task waits and no timer is set")
-            return events
-        scheduled = loop._scheduled  # type: ignore[attr-defined]
-        vclock.now = max(vclock.now + timeout, scheduled[0].when() if scheduled else 0.0)
-        return events
-
-    loop.time = vclock.time  # type: ignore[method-assign]
-    selector.select = select
-    try:
-        yield vclock
-    finally:
-        del loop.time, selector.select
 
 
 @pytest.fixture
