@@ -7,7 +7,7 @@ to start and the moment its response came back; requests paced exactly ``per / n
 reach its limiter closer together by up to the spread of that lag. So every answered request
 gives a sample ``answered - due`` (its own lateness, the network and any queue in front of the
 server's limiter, plus the work after the stamp), and the margin is the spread of recent
-samples (the 95th percentile less the 5th, over the last ``2 n``: about two windows) over
+samples (the 99th percentile less the 1st, over the last ``2 n``: about two windows) over
 ``per``, floored at ``Limits.safety_margin`` and capped at ``Limits.max_margin``. Until ``n + 1``
 samples exist a pool paces at the cap: a fresh server (cold caches, connections being opened)
 stamps its first requests unevenly. Only the global pool's
@@ -75,7 +75,7 @@ class Jitter:
             return False
         self._fresh = 0
         ordered = sorted(self._samples)
-        trim = len(ordered) // 20
+        trim = len(ordered) // 100
         self.spread = ordered[-1 - trim] - ordered[trim]
         return True
 

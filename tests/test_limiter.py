@@ -503,19 +503,22 @@ async def test_cancel_after_being_granted_a_place_passes_it_on(clock: VirtualClo
 
 
 def test_jitter_spread_waits_for_a_window_then_trims_the_tails() -> None:
-    jitter = Jitter(10)
-    for i in range(10):
-        assert not jitter.add(0.010 + i * 0.001)
+    jitter = Jitter(50)
+    for i in range(50):
+        assert not jitter.add(0.010 + (i % 11) * 0.001)
     assert jitter.spread is None
-    assert jitter.add(0.020)  # the 11th sample: a spread at last
+    assert jitter.add(0.020)  # the 51st sample: a spread at last
     assert jitter.spread == pytest.approx(0.010)
-    # 22 samples kept (2 n + 2); with one outlier among them, the 5% trim drops it.
-    for _ in range(21):
+    # 102 samples kept (2 n + 2); with one outlier among them, the 1% trim drops it.
+    for _ in range(101):
         jitter.add(0.015)
     jitter.add(0.500)
     for _ in range(16):
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.0)
+    for _ in range(16):  # a second one is kept: two of a hundred is more than a stray
+        jitter.add(0.500)
+    assert jitter.spread == pytest.approx(0.485)
 
 
 async def run_with_holds(sl: StoreLimiter, pool: str, holds: list[float]) -> None:
