@@ -36,7 +36,6 @@ from typing import Any, Final
 import attrs
 
 from .. import _json
-from ..errors import ProtocolError
 from ..webhooks import DeadLetter, InboxEntry
 from ._config_file import RESOURCES, PostgresURL
 from ._sync import (
@@ -318,18 +317,7 @@ class PostgresSink:
         )
 
     async def commit_page(self, w: PageWrite) -> None:
-        rows = []
-        page_max = None
-        for record in w.records:
-            if not isinstance(record, dict) or record.get("id") is None:
-                raise ProtocolError(
-                    f"GET {w.resource}: a record without an 'id' cannot be stored",
-                    method="GET",
-                    path=w.resource,
-                )
-            if w.incremental_field is not None:
-                page_max = newer(page_max, record.get(w.incremental_field))
-            rows.append(_params(w.store, record))
+        rows, page_max = w.rows(_params)
         done = w.next_cursor is None
         async with self._transaction() as conn:
             # The lease is checked (and renewed) first: its row lock keeps a takeover out

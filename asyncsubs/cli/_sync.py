@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger("asyncsubs.cli")
 
 STATE_TABLE: Final = "asyncsubs_sync_state"
@@ -242,6 +243,23 @@ class PageWrite:
     run_from: Any
     incremental_field: str | None
 
+    def rows(self, to_row: Callable[[str, Mapping[str, Any]], R]) -> tuple[list[R], Any]:
+        """The page's records as ``to_row(store, record)`` rows, and the page's newest value of
+        the incremental field; ProtocolError for a record without an id (it cannot be stored)."""
+        rows = []
+        page_max = None
+        for record in self.records:
+            if not isinstance(record, dict) or record.get("id") is None:
+                raise ProtocolError(
+                    f"GET {self.resource}: a record without an 'id' cannot be stored",
+                    method="GET",
+                    path=self.resource,
+                )
+            if self.incremental_field is not None:
+                page_max = newer(page_max, record.get(self.incremental_field))
+            rows.append(to_row(self.store, record))
+        return rows, page_max
+
 
 class Sink(Protocol):
     """Where ``sync`` writes: ``SyncDB`` (SQLite, embedded, one writer) or ``PostgresSink``
@@ -345,18 +363,7 @@ class SyncDB:
 
     def _commit_page(self, w: PageWrite) -> None:
         now = _now()
-        rows = []
-        page_max = None
-        for record in w.records:
-            if not isinstance(record, dict) or record.get("id") is None:
-                raise ProtocolError(
-                    f"GET {w.resource}: a record without an 'id' cannot be stored",
-                    method="GET",
-                    path=w.resource,
-                )
-            if w.incremental_field is not None:
-                page_max = newer(page_max, record.get(w.incremental_field))
-            rows.append(record_row(w.store, record, now))
+        rows, page_max = w.rows(lambda store, record: record_row(store, record, now))
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
