@@ -1,33 +1,17 @@
-"""How far below a configured rate to pace: a measured margin, and a slowdown learnt from 429s.
+"""How far below a configured rate to pace: ``interval = per / n * (1 + margin) * slowdown``.
 
-The interval between two starts of a pool is ``per / n * (1 + margin) * slowdown``.
+**Margin.** A server stamps a request somewhere between its due moment and its answer, so starts
+``per / n`` apart can reach its limiter closer together by up to the spread of that lag. Each
+answered light request gives ``answered - due``; the margin is the spread (99th less 1st
+percentile) of the last ``2 n`` samples over ``per``, floored at ``Limits.safety_margin``,
+capped at ``Limits.max_margin``, and the cap until ``n + 1`` samples exist. Heavy requests are
+not sampled: their pages are built after the stamp. README's "How close to the limit" explains.
 
-**Margin (arrival jitter).** A server stamps a request somewhere between the moment it was due
-to start and the moment its response came back; requests paced exactly ``per / n`` apart can
-reach its limiter closer together by up to the spread of that lag. So every answered request
-gives a sample ``answered - due`` (its own lateness, the network and any queue in front of the
-server's limiter, plus the work after the stamp), and the margin is the spread of recent
-samples (the 99th percentile less the 1st, over the last ``2 n``: about two windows) over
-``per``, floored at ``Limits.safety_margin`` and capped at ``Limits.max_margin``. Until ``n + 1``
-samples exist a pool paces at the cap: a fresh server (cold caches, connections being opened)
-stamps its first requests unevenly. Only the global pool's
-light requests are sampled: a heavy list page spends 100-800 ms being built *after* the stamp,
-which would widen the spread for nothing; heavy pools use the global pool's spread in seconds
-(over their own ``per``), or the floor when their store sends no light requests.
-
-**Slowdown (429 feedback, AIMD).** A 429 raises the pool's slowdown to ``n / accepted``, where
-``accepted`` is how many starts the pool made in the window before the refused one (or since it
-last came back from idle, if later), reckoned from its interval so that the starts of every
-process sharing the backend count, not this one's alone: a server enforcing 40/s against a client
-pacing 50/s refuses the 41st request of a window, so one 429 learns 1.25. When that count says
-nothing (a pause lies within the window: the server may still count requests from before it;
-or it is under 3, and one start stamped late would skew it), or less than a step, the slowdown
-grows by ``1 + SLOWDOWN_STEP``. The excess over 1 halves every ``SLOWDOWN_HALF_LIFE`` seconds
-without a 429, so a limit lowered for a while is given back within minutes, and one that stays
-low costs a 429 about every ``SLOWDOWN_HALF_LIFE * log2(1 + SLOWDOWN_STEP / excess)`` seconds
-(about half a minute at 40/50).
-The 429s of requests already on their way when the first came back say nothing new: one
-widening per round trip.
+**Slowdown (AIMD).** A 429 raises it to ``n / accepted``, the starts of the window before the
+refused one (a server at 40/s against 50/s: 1.25), or by one step when that count says nothing;
+one widening per round trip. The excess over 1 halves every ``SLOWDOWN_HALF_LIFE`` seconds, so
+a limit lowered for a while is given back within minutes, one that stays low costs a 429 about
+every half minute (40/50).
 """
 
 from __future__ import annotations
@@ -35,13 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-__all__ = [
-    "MAX_SLOWDOWN",
-    "SLOWDOWN_HALF_LIFE",
-    "SLOWDOWN_STEP",
-    "Jitter",
-    "Slowdown",
-]
+__all__ = ["MAX_SLOWDOWN", "SLOWDOWN_HALF_LIFE", "SLOWDOWN_STEP", "Jitter", "Slowdown"]
 
 #: Smallest widening per 429: a 429 after a long run at the learnt rate still means "slower".
 SLOWDOWN_STEP = 0.05

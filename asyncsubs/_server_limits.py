@@ -1,19 +1,14 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
-Two header families are read (names are lower-case, as the transport hands them over):
-
-- the IETF draft (draft-ietf-httpapi-ratelimit-headers): ``RateLimit-Policy: "p";q=40;w=1``
-  (quota ``q`` per window ``w`` seconds; a policy whose quota unit ``qu`` is not "requests" is
-  skipped, ``pk`` is ignored) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t``
-  seconds). Older drafts' ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` are read too.
-- the common ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset``, the reset in delta seconds or
-  as a Unix time (values of 10**9 and more). These name no window: the pool's own is assumed.
-
-Several policies: the most restrictive (lowest quota per second) wins, and of several
-``RateLimit`` items the one with the fewest requests left. Malformed values are ignored, never
-raised: a hint is advice, the 429 and its Retry-After stay the rule. So are quotas of 10**9 and
-more and durations (windows, resets) over a day: no real limit says them, and a pool paced by
-one, or held until it, would be stuck.
+Read (names lower-case, as the transport hands them over): the IETF draft's
+``RateLimit-Policy: "p";q=40;w=1`` (quota ``q`` per ``w`` seconds; a policy whose unit ``qu``
+is not "requests" is skipped, ``pk`` ignored) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset
+in ``t`` seconds); older drafts' ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and the common
+``X-RateLimit-*``, which name no window (the pool's own applies) and may give the reset as a
+Unix time (values of 10**9 and more). Of several policies the lowest quota per second wins, of
+several ``RateLimit`` items the one with the fewest left. Malformed values are ignored, never
+raised (a hint is advice; the 429 and its Retry-After stay the rule), and so are quotas of
+10**9 and more and durations over a day: no real limit says them, and they would stick a pool.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ import attrs
 
 __all__ = ["ServerLimit", "parse_server_limit"]
 
-_EPOCH = 1e9  # a reset this large is a Unix time, not a delta
-_MAX_QUOTA = 1e9
-_MAX_SECONDS = 86_400.0
+_HUGE = 1e9  # a quota this large is no limit; a reset this large is a Unix time
+_DAY = 86_400.0
 _NAMES = frozenset(("ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining"))
 _NAMES |= {"x-ratelimit-limit", "x-ratelimit-remaining"}
 
@@ -44,12 +38,12 @@ class ServerLimit:
     reset: float | None = None
 
 
-def _number(text: str) -> float | None:
+def _number(text: str | None, most: float = math.inf) -> float | None:
     try:
-        value = float(text.strip().strip('"'))
+        value = float((text or "").strip().strip('"'))
     except ValueError:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    return value if math.isfinite(value) and 0 <= value <= most else None
 
 
 def _items(header: str) -> list[dict[str, str]]:
@@ -65,29 +59,14 @@ def _items(header: str) -> list[dict[str, str]]:
     return items
 
 
-def _seconds(text: str | None) -> float | None:
-    value = None if text is None else _number(text)
-    return value if value is not None and value <= _MAX_SECONDS else None
-
-
-def _reset(text: str | None, now: float) -> float | None:
-    value = None if text is None else _number(text)
-    if value is not None and value >= _EPOCH:
-        value = max(0.0, value - now)
-    return value if value is not None and value <= _MAX_SECONDS else None
-
-
 def _policy(header: str) -> tuple[int | None, float | None]:
-    """The most restrictive request quota of a list of policies, and its window (None when the
-    policy names none: the pool's own applies)."""
+    """The lowest request quota per second of a list of policies, and its window if named."""
     quota: int | None = None
     window: float | None = None
     for params in _items(header):
-        if params.get("qu", "requests") != "requests":
+        q, w = _number(params.get("q"), _HUGE - 1), _number(params.get("w", "1"), _DAY)
+        if params.get("qu", "requests") != "requests" or not q or q < 1 or not w:
             continue  # a quota of bytes or of "content" says nothing about request starts
-        q, w = _number(params.get("q", "")), _seconds(params.get("w", "1"))
-        if q is None or not 1 <= q < _MAX_QUOTA or not w:
-            continue
         if quota is None or q / w < quota / (window or 1.0):
             quota, window = int(q), (w if "w" in params else None)
     return quota, window
@@ -99,30 +78,25 @@ def parse_server_limit(
     """The limit a response announces, or None when it announces none (or only nonsense)."""
     if _NAMES.isdisjoint(headers):  # most responses: nothing to read
         return None
-    now = time.time() if now is None else now
     quota, window = _policy(headers.get("ratelimit-policy", ""))
-    if quota is None:
-        # "RateLimit-Limit: 100, 100;w=60" (older drafts): the current quota, then policies.
+    if quota is None:  # "RateLimit-Limit: 100, 100;w=60" (older drafts): quota, then policies
         quota, window = _policy(
             headers.get("ratelimit-limit") or headers.get("x-ratelimit-limit") or ""
         )
-    current: dict[str, str] = {}
-    if "ratelimit" in headers:  # one item per policy: the one with the fewest left binds
-        items = [i for i in _items(headers["ratelimit"]) if _number(i.get("r", "")) is not None]
-        if items:
-            current = min(items, key=lambda i: _number(i["r"]) or 0.0)
-    remaining = _number(current["r"]) if "r" in current else None
+    items = [i for i in _items(headers.get("ratelimit", "")) if _number(i.get("r")) is not None]
+    current = min(items, key=lambda i: _number(i["r"]) or 0.0) if items else {}
+    remaining = _number(current.get("r"))
     if remaining is None:
-        text = headers.get("ratelimit-remaining") or headers.get("x-ratelimit-remaining")
-        remaining = None if text is None else _number(text)
-    reset = _seconds(current["t"]) if "t" in current else None
+        remaining = _number(
+            headers.get("ratelimit-remaining") or headers.get("x-ratelimit-remaining")
+        )
+    reset = _number(current.get("t"), _DAY)
     if reset is None:
-        reset = _reset(headers.get("ratelimit-reset") or headers.get("x-ratelimit-reset"), now)
+        reset = _number(headers.get("ratelimit-reset") or headers.get("x-ratelimit-reset"))
+        if reset is not None and reset >= _HUGE:
+            reset = max(0.0, reset - (time.time() if now is None else now))
+        reset = reset if reset is not None and reset <= _DAY else None
     if quota is None and remaining is None:
         return None
-    return ServerLimit(
-        quota=quota,
-        window=window,
-        remaining=None if remaining is None else int(remaining),
-        reset=reset,
-    )
+    remaining_int = None if remaining is None else int(remaining)
+    return ServerLimit(quota=quota, window=window, remaining=remaining_int, reset=reset)
