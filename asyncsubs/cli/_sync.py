@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
 from .. import AdminClient, _json
-from .._sqlite import SQLiteWorker, connect
 from ..errors import AsyncSubsError, BadRequestError, ConfigError, ProtocolError
 from ..limiting import Limiter
 from ._config_file import RESOURCES, Incremental, StoreConfig
@@ -295,12 +296,14 @@ class SyncDB:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.where = str(path)
-        self._worker = SQLiteWorker("asyncsubs-sqlite")
+        # One thread runs every call in order: a write queued behind another runs after it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
         self._conn: sqlite3.Connection | None = None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
         try:
-            return await self._worker.run(fn, *args)
+            return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from exc
 
@@ -313,9 +316,16 @@ class SyncDB:
         await self._run(self._open)
 
     def _open(self) -> None:
-        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
-        conn = connect(self.path)  # a page and its cursor are committed together
+        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below, so a
+        # page and its cursor are committed together. Used from self._thread only.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            # Up to 10 s for another writer's commit (--listen's webhook stores share the file).
+            conn.execute("PRAGMA busy_timeout = 10000")
+            # Readers (the webhook stores, the summary's count) and the writer do not block.
+            conn.execute("PRAGMA journal_mode = WAL")
+            # With WAL, a commit survives the process being killed (power loss may undo it).
+            conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             for resource in RESOURCES:
                 conn.execute(_table_sql(resource))
@@ -333,7 +343,7 @@ class SyncDB:
             # Queued behind any write still running, so that write finishes first.
             with contextlib.suppress(DatabaseError):
                 await self._run(self.conn.close)
-        self._worker.shutdown()
+        self._thread.shutdown(wait=True)
 
     async def load_state(self, store: str, resource: str) -> ResourceState:
         return await self._run(self._load_state, store, resource)
