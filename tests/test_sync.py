@@ -183,6 +183,26 @@ def test_rejected_saved_cursor_starts_the_run_over(
     assert_exact(db, server)
 
 
+def test_sync_stores_integers_beyond_64_bits_exactly(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    body = (
+        b'{"success": true, "data": [{"id": 18446744073709551617, "n": -9223372036854775809},'
+        b' {"id": 18446744073709551618, "n": "\xc3\xa9"}], "pageInfo": {"hasNextPage": false}}'
+    )
+    server.enqueue(200, body, path="orders", store="store-1")
+    db = tmp_path / "subs.db"
+    args = ["sync", "--config", str(write_config(tmp_path, server)), "--db", str(db), "-q"]
+    try:
+        assert main([*args, "--store", "store-1", "--resources", "orders"]) == 0
+    finally:
+        server.clear_scripted()
+    assert [(row[0], row[5]) for row in db_rows(db, "orders", "store-1")] == [
+        ("18446744073709551617", '{"id":18446744073709551617,"n":-9223372036854775809}'),
+        ("18446744073709551618", '{"id":18446744073709551618,"n":"é"}'),  # as sent, not \u00e9
+    ]
+
+
 def test_incremental_filter_comes_from_the_previous_run(
     server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
 ) -> None:

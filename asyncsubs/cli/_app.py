@@ -23,8 +23,9 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
+import orjson
 
-from .. import AdminClient, Limits, Rate, RetryPolicy, __version__, _json
+from .. import AdminClient, Limits, Rate, RetryPolicy, __version__
 from .._client import BASE_URL_ENV, TOKEN_ENV
 from .._protocol import DEFAULT_VERSION
 from ..errors import AsyncSubsError, ConfigError
@@ -77,6 +78,7 @@ from ._sync import (
     DatabaseError,
     count_rows,
     describe_error,
+    json_text,
     redis_limiters,
     run_sync,
 )
@@ -466,7 +468,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         if args.limit is not None:
                             records = records[: args.limit - written]
                         # Each record as it was sent (same keys, order, values; integers exact).
-                        out.write(b"".join(_json.dumps(r) + b"\n" for r in records))
+                        out.write("".join(json_text(r) + "\n" for r in records).encode())
                         out.flush()
                         written += len(records)
                         tracker.page(row, len(records))
@@ -905,7 +907,7 @@ class _JsonLogFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return _json.dumps(entry).decode()
+        return orjson.dumps(entry).decode()
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import sqlite3
 import time
@@ -36,7 +37,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
-from .. import AdminClient, _json
+from .. import AdminClient
 from ..errors import AsyncSubsError, BadRequestError, ConfigError, ProtocolError
 from ..limiting import Limiter
 from ._config_file import RESOURCES, Incremental, StoreConfig
@@ -53,6 +54,7 @@ __all__ = [
     "Sink",
     "SyncDB",
     "count_rows",
+    "json_text",
     "make_client",
     "newer",
     "record_columns",
@@ -167,12 +169,21 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+#: Records and values as compact JSON text: the standard library's, which writes integers
+#: beyond 64 bits exactly (orjson refuses them), and non-ASCII text as itself.
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def json_text(value: Any) -> str:
+    return _JSON.encode(value)
+
+
 def text_value(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
         return value
-    return _json.dumps(value).decode()
+    return json_text(value)
 
 
 def _field(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
@@ -202,15 +213,15 @@ def record_columns(store: str, record: Mapping[str, Any]) -> tuple[str | None, .
 
 def record_row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
     """The upsert's parameters for one record (which has an ``id``)."""
-    return (*record_columns(store, record), _json.dumps(record).decode(), now)
+    return (*record_columns(store, record), json_text(record), now)
 
 
 def _dump(value: Any) -> str | None:
-    return None if value is None else _json.dumps(value).decode()
+    return None if value is None else json_text(value)
 
 
 def _load(value: str | None) -> Any:
-    return None if value is None else _json.loads(value)
+    return None if value is None else json.loads(value)
 
 
 @attrs.frozen
