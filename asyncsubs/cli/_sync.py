@@ -571,17 +571,18 @@ def make_client(config: StoreConfig, limiters: Mapping[str, Limiter] | None = No
     """The client of one store; ``limiters``: by Redis URL, the limiter of stores configured
     to pace through that Redis (``StoreConfig.redis``)."""
     limiter = None if config.redis is None or limiters is None else limiters[config.redis]
+    version: dict[str, Any] = {} if config.version is None else {"version": config.version}
     return AdminClient(
         token=config.token,
         base_url=config.base_url,
         store=config.store,
-        version=config.version,
         limits=config.limits,
         retry=config.retry,
         timeout=config.timeout,
         allow_insecure=config.allow_insecure,
         user_agent="asyncsubs-cli",
         limiter=limiter,
+        **version,
     )
 
 
