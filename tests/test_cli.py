@@ -134,6 +134,11 @@ def page_cursors(server: FakeAdminServer, resource: str, page_size: int) -> list
     return asyncio.run(cursors())
 
 
+def versioned_base(server: FakeAdminServer) -> str:
+    """The base URL a pull's checkpoint names: the client's, version included."""
+    return AdminClient(token="t", base_url=server.base_url).base_url
+
+
 def jsonl(records: Sequence[Any]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in records)
 
@@ -148,7 +153,7 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     out.write_bytes(first + orjson.dumps(expected[50])[:7])
     checkpoint = PullCheckpoint(
         resource="customers",
-        base_url=server.base_url,
+        base_url=versioned_base(server),
         after_cursor=None,
         cursor=page_cursors(server, "customers", 50)[0],
         offset=len(first),
@@ -178,7 +183,7 @@ def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
     out.write_bytes(jsonl(expected[50:100]))  # the first page after --after-cursor
     checkpoint = PullCheckpoint(
         resource="orders",
-        base_url=server.base_url,
+        base_url=versioned_base(server),
         after_cursor=after_first,
         cursor=after_second,
         offset=out.stat().st_size,
@@ -299,9 +304,20 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
     ("args", "message"),
     [
         (["pull", "refunds", "--base-url", "https://x.example", "--token", "t"], "invalid choice"),
-        (["pull", "orders", "--base-url", "https://x.example"], "no token"),
-        (["pull", "orders", "--token", "t"], "no base URL"),
+        (
+            ["pull", "orders", "--base-url", "https://x.example"],
+            "token is required (or set ASYNCSUBS_TOKEN)",
+        ),
+        (["pull", "orders", "--token", "t"], "base_url is required (or set ASYNCSUBS_BASE_URL)"),
         (["pull", "orders", "--base-url", "http://x.example", "--token", "t"], "plain http://"),
+        (  # not the plain-http hint: --allow-insecure would not make this pass
+            ["pull", "orders", "--base-url", "http://x.example", "--token", " t"],
+            "token has leading or trailing whitespace",
+        ),
+        (
+            ["pull", "orders", "--token", "t", "--base-url", "https://x", "--api-version", "a/b"],
+            "version must look like '2026-04', got 'a/b'",
+        ),
         (["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--limit", "0"], ""),
         (["sync", "--config", "missing.toml", "--db", "x.db"], "cannot read the config file"),
         (
@@ -310,11 +326,12 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
         ),
         (
             ["pull", "orders", "--base-url", "http://[::1:19100", "--token", "t"],
-            "asyncsubs: error: --base-url: not a valid URL (Invalid IPv6 URL): ",
+            "asyncsubs: error: base_url is not a valid URL (check the port, 1-65535, and any "
+            "[IPv6] brackets): got 'http://[::1:19100'",
         ),
         (
             ["pull", "orders", "--base-url", "http://127.0.0.1:notaport", "--token", "t"],
-            "asyncsubs: error: --base-url: not a valid URL (Port could not be cast",
+            "asyncsubs: error: base_url is not a valid URL (check the port",
         ),
         (
             ["pull", "orders", "--base-url", "https://x.example", "--token", "t", "--rate", "-1/s"],
@@ -565,6 +582,30 @@ def test_pull_writes_integers_beyond_64_bits_exactly(
     finally:
         server.clear_scripted()
     assert out.read_bytes() == b'{"id":18446744073709551617}\n{"id":18446744073709551618}\n'
+
+
+def test_api_version_of_the_flag_or_the_config_key_is_the_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stores = [FakeStoreConfig("acme", records=30)]
+    with serve_in_thread(stores=stores, rate_limits=None, version="2027-01") as server:
+        out = tmp_path / "o.jsonl"
+        # Without it, the client's version: a path this server does not serve.
+        assert main(pull_args(server, "orders", "-o", str(out), "-q", "--max-attempts", "1")) == 1
+        args = pull_args(server, "orders", "-o", str(out), "-q", "--api-version", "2027-01")
+        assert main(args) == 0
+        assert len(out.read_bytes().splitlines()) == len(server.records("acme", "orders"))
+        config = tmp_path / "stores.toml"
+        config.write_text(
+            f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\n'
+            'version = "2027-01"\nresources = ["orders"]\n'
+            '[defaults.limits]\nheavy = { orders = "1000/s" }\n',
+            encoding="utf-8",
+        )
+        monkeypatch.setenv("A", server.store("acme").token)
+        assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "-q"]) == 0
+        paths = {r.path for r in server.requests}
+    assert "/admin/2027-01/orders" in paths
 
 
 def test_pull_and_sync_ask_for_250_records_a_page_by_default(

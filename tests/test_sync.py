@@ -183,6 +183,26 @@ def test_rejected_saved_cursor_starts_the_run_over(
     assert_exact(db, server)
 
 
+def test_sync_stores_integers_beyond_64_bits_exactly(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    body = (
+        b'{"success": true, "data": [{"id": 18446744073709551617, "n": -9223372036854775809},'
+        b' {"id": 18446744073709551618, "n": "\xc3\xa9"}], "pageInfo": {"hasNextPage": false}}'
+    )
+    server.enqueue(200, body, path="orders", store="store-1")
+    db = tmp_path / "subs.db"
+    args = ["sync", "--config", str(write_config(tmp_path, server)), "--db", str(db), "-q"]
+    try:
+        assert main([*args, "--store", "store-1", "--resources", "orders"]) == 0
+    finally:
+        server.clear_scripted()
+    assert [(row[0], row[5]) for row in db_rows(db, "orders", "store-1")] == [
+        ("18446744073709551617", '{"id":18446744073709551617,"n":-9223372036854775809}'),
+        ("18446744073709551618", '{"id":18446744073709551618,"n":"é"}'),  # as sent, not \u00e9
+    ]
+
+
 def test_incremental_filter_comes_from_the_previous_run(
     server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
 ) -> None:
@@ -433,11 +453,46 @@ limits = { global = { per = 2.0 } }
         "stores.b.limits.max_in_flight: must be a whole number >= 1, got -1",
         "stores.b.token_env: environment variable B_TOKEN is not set",
         "stores.\"c d\".limits.global: a rate table has exactly the keys n and per, got ['per']",
-        'stores."c d".base_url: not a valid URL (Port could not be cast to integer value as '
-        "'notaport'): 'http://127.0.0.1:notaport'",
+        'stores."c d".base_url: base_url is not a valid URL (check the port, 1-65535, and any '
+        "[IPv6] brackets): got 'http://127.0.0.1:notaport'",
     )
     # Never the library's internal names.
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
+
+
+def test_config_reports_each_key_of_a_store_that_is_wrong_in_several(tmp_path: Path) -> None:
+    # Each setting is checked by AdminClient on its own: a bad URL is found while the token
+    # variable is unset, and a plain http:// URL that is allowed leaves the token's problem.
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        """
+[stores.a]
+base_url = "http://a.example"
+token_env = "A_TOKEN"
+version = "04/2026"
+
+[stores.b]
+base_url = "https://b.example"
+token_env = "B_TOKEN"
+
+[stores.c]
+base_url = "http://c.example"
+token_env = "C_TOKEN"
+allow_insecure = true
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"B_TOKEN": "", "C_TOKEN": "t\n"})
+    assert info.value.problems == (
+        "stores.a.version: version must look like '2026-04', got '04/2026'",
+        "stores.a.base_url: plain http:// would send the token unencrypted; use https:// (or "
+        "allow_insecure = true on a trusted network)",
+        "stores.a.token_env: environment variable A_TOKEN is not set",
+        "stores.b.token_env: environment variable B_TOKEN is empty",
+        "stores.c.token_env: C_TOKEN: token contains control characters (CR/LF?); check how it "
+        "was loaded",
+    )
 
 
 def test_rate_tables_need_both_keys_and_values_in_range() -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -154,6 +156,39 @@ async def test_both_sinks_keep_the_same_upsert_rules(sink_url: str) -> None:
         assert (state.cursor, state.done, state.run_pages, state.run_records) == (None, True, 2, 4)
     finally:
         await sink.aclose()
+
+
+async def test_both_sinks_keep_integers_beyond_64_bits_exactly(sink_url: str) -> None:
+    sink = make_sink(sink_url)
+    big = 2**64 + 1
+    records = [{"id": big, "seq": big}, {"id": big + 1, "seq": -(2**63) - 1}]
+    await sink.open()
+    try:
+        if isinstance(sink, PostgresSink):
+            await sink.join_round([("s", "orders")])
+            assert await sink.claim([("s", "orders")]) == ("s", "orders")
+        write = PageWrite(
+            store="s",
+            resource="orders",
+            records=records,
+            next_cursor="c1",
+            new_run=True,
+            run_params={"seqMin": big},
+            run_from=big,
+            incremental_field="seq",
+        )
+        await sink.commit_page(write)
+        state = await sink.load_state("s", "orders")
+    finally:
+        await sink.aclose()
+    assert (state.seen_max, state.run_from, state.run_params) == (big, big, {"seqMin": big})
+    sql = "SELECT raw FROM orders WHERE store = 's' ORDER BY id"
+    if isinstance(sink, PostgresSink):
+        raw = [row[0] for row in query(sink_url, sql)]
+    else:
+        with contextlib.closing(sqlite3.connect(sink_url)) as conn:
+            raw = [json.loads(row[0]) for row in conn.execute(sql)]
+    assert raw == records
 
 
 async def test_concurrent_first_runs_create_the_schema_once(pg_url: str) -> None:

@@ -23,10 +23,9 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
+import orjson
 
-from .. import AdminClient, Limits, Rate, RetryPolicy, __version__, _json
-from .._client import BASE_URL_ENV, TOKEN_ENV
-from .._protocol import DEFAULT_VERSION
+from .. import AdminClient, Limits, Rate, RetryPolicy, __version__
 from ..errors import AsyncSubsError, ConfigError
 from ._checkpoint import PullCheckpoint
 from ._config_file import (
@@ -35,7 +34,7 @@ from ._config_file import (
     ConfigFileError,
     PostgresURL,
     StoreConfig,
-    check_base_url,
+    check_client,
     check_redis_url,
     load_config,
     parse_db_url,
@@ -77,6 +76,7 @@ from ._sync import (
     DatabaseError,
     count_rows,
     describe_error,
+    json_text,
     redis_limiters,
     run_sync,
 )
@@ -193,14 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one resource as JSON Lines",
         description=(
             "Write every record of RESOURCE as JSON Lines (one record per line, as received) "
-            f"to stdout or FILE. Token and base URL default to ${TOKEN_ENV} and ${BASE_URL_ENV}."
+            "to stdout or FILE. Token and base URL default to $ASYNCSUBS_TOKEN and "
+            "$ASYNCSUBS_BASE_URL."
         ),
     )
     pull.add_argument("resource", metavar="RESOURCE", choices=RESOURCES, help=", ".join(RESOURCES))
-    pull.add_argument("--base-url", help=f"the service's base URL (default ${BASE_URL_ENV})")
+    pull.add_argument("--base-url", help="the service's base URL (default $ASYNCSUBS_BASE_URL)")
     pull.add_argument(
         "--token",
-        help=f"the admin API token (default ${TOKEN_ENV}; prefer the variable: "
+        help="the admin API token (default $ASYNCSUBS_TOKEN; prefer the variable: "
         "command lines are visible to other users)",
     )
     pull.add_argument("--store", help="rate-limit identity of the store (default: derived)")
@@ -238,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the list endpoint's rate-limit pool, e.g. 2/s or 3/2s (default: the library's "
         "conservative 1/s)",
     )
-    pull.add_argument("--api-version", default=DEFAULT_VERSION, metavar="V", help="path version")
+    pull.add_argument(
+        "--api-version",
+        metavar="V",
+        help="the interface version in the path (default: the one the library implements)",
+    )
     pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
     pull.add_argument(
         "--max-attempts", type=positive_int, default=6, metavar="N", help="attempts per request"
@@ -337,36 +342,26 @@ def build_parser() -> argparse.ArgumentParser:
 # Running
 
 
-def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
-    base_url = args.base_url if args.base_url is not None else os.environ.get(BASE_URL_ENV)
-    if not token:
-        raise ConfigError(f"no token: pass --token or set {TOKEN_ENV}")
-    if not base_url:
-        raise ConfigError(f"no base URL: pass --base-url or set {BASE_URL_ENV}")
-    try:
-        check_base_url(
-            base_url,
-            version=args.api_version,
-            allow_insecure=args.allow_insecure,
-            insecure_hint="or --allow-insecure",
-        )
-    except ConfigError as exc:
-        raise ConfigError(f"--base-url: {exc}") from None
+def _client(args: argparse.Namespace) -> AdminClient:
+    """The pull's client. Token and base URL not given as flags are the client's to find
+    (``ASYNCSUBS_TOKEN``, ``ASYNCSUBS_BASE_URL``); constructing it checks every setting, so a
+    usage error exits 2 before any request."""
     limits = None
     if args.rate is not None:
         limits = Limits(heavy={**Limits().heavy, args.resource: args.rate})
-    return {
+    settings: dict[str, Any] = {
         "limits": limits,
-        "token": token,
-        "base_url": base_url,
+        "token": args.token,
+        "base_url": args.base_url,
         "store": args.store,
-        "version": args.api_version,
         "timeout": args.timeout,
         "retry": RetryPolicy(max_attempts=args.max_attempts),
         "allow_insecure": args.allow_insecure,
         "user_agent": "asyncsubs-cli",
     }
+    if args.api_version is not None:
+        settings["version"] = args.api_version
+    return check_client(settings, insecure_hint="or --allow-insecure")
 
 
 def _open_output(
@@ -409,12 +404,10 @@ def _open_output(
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    kwargs = _client_kwargs(args)
+    client = _client(args)
     if args.restart and args.output is None:
         raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
-    # Validates token and URL now, so a usage error exits 2 before any request.
-    AdminClient(**kwargs)
-    label = args.store or urlsplit(kwargs["base_url"]).hostname or "store"
+    label = args.store or urlsplit(client.base_url).hostname or "store"
     tracker = Tracker(verbose=args.verbose)
     row = tracker.add(label, args.resource)
     resume: dict[str, str | None] = {"cursor": args.after_cursor}
@@ -422,7 +415,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     checkpoint: PullCheckpoint | None = None
     output = None if args.output is None else Path(args.output)
     if args.output is not None:
-        opened, checkpoint = _open_output(args, kwargs["base_url"])
+        opened, checkpoint = _open_output(args, client.base_url)
     out = opened if opened is not None else sys.stdout.buffer
     before = 0 if checkpoint is None else checkpoint.records
     pages_before = 0 if checkpoint is None else checkpoint.pages
@@ -437,7 +430,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             return
         PullCheckpoint(
             resource=args.resource,
-            base_url=kwargs["base_url"],
+            base_url=client.base_url,
             after_cursor=args.after_cursor,
             cursor=cursor,
             offset=out.tell(),
@@ -446,7 +439,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         ).save(output)
 
     async def pull() -> None:
-        async with AdminClient(**kwargs) as client:
+        async with client:
             tracker.start(row, client, resumed=checkpoint is not None, resumed_records=before)
             written = before
             try:
@@ -466,7 +459,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
                         if args.limit is not None:
                             records = records[: args.limit - written]
                         # Each record as it was sent (same keys, order, values; integers exact).
-                        out.write(b"".join(_json.dumps(r) + b"\n" for r in records))
+                        out.write("".join(json_text(r) + "\n" for r in records).encode())
                         out.flush()
                         written += len(records)
                         tracker.page(row, len(records))
@@ -905,7 +898,7 @@ class _JsonLogFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return _json.dumps(entry).decode()
+        return orjson.dumps(entry).decode()
 
 
 @contextlib.contextmanager

@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .. import Limits, Rate, RetryPolicy
-from .._protocol import DEFAULT_VERSION, check_token, is_loopback, versioned_base
+from .. import AdminClient, Limits, Rate, RetryPolicy
 from ..errors import ConfigError
 
 __all__ = [
@@ -28,7 +27,7 @@ __all__ = [
     "LISTEN_INCREMENTAL",
     "Incremental",
     "StoreConfig",
-    "check_base_url",
+    "check_client",
     "key_path",
     "load_config",
     "PostgresURL",
@@ -104,7 +103,8 @@ class StoreConfig:
     limits: Limits = attrs.Factory(Limits)
     retry: RetryPolicy = attrs.Factory(RetryPolicy)
     timeout: float = 30.0
-    version: str = DEFAULT_VERSION
+    #: The interface version in the path; None: the client's default.
+    version: str | None = None
     allow_insecure: bool = False
     incremental: Mapping[str, Incremental] = attrs.Factory(dict)
     #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
@@ -210,26 +210,44 @@ def check_redis_url(url: object, *, where: str) -> str:
     return url
 
 
-def check_base_url(url: str, *, version: str, allow_insecure: bool, insecure_hint: str) -> str:
-    """The versioned base URL, or ConfigError with one line saying what is wrong.
+def check_client(settings: Mapping[str, Any], *, insecure_hint: str) -> AdminClient:
+    """``AdminClient(**settings)``, which checks every setting (token, base URL, version...) and
+    does no I/O: its HTTP session is opened by the first request.
 
-    ``insecure_hint`` names how this caller allows plain http (a flag or a config key)."""
+    Raises the client's ConfigError, except for a plain ``http://`` base URL: when the same
+    settings pass with ``allow_insecure=True``, that is the one problem, and the message names
+    how this command allows it (``insecure_hint``: a flag or a config key)."""
     try:
-        parts = urlsplit(url.strip())
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise ConfigError(f"not a valid URL ({exc}): {url!r}") from None
-    if (
-        parts.scheme == "http"
-        and parts.hostname
-        and not allow_insecure
-        and not is_loopback(parts.hostname)
-    ):
-        raise ConfigError(
-            f"plain http:// would send the token unencrypted; use https:// ({insecure_hint} "
-            "on a trusted network)"
-        )
-    return versioned_base(url, version, allow_insecure=allow_insecure)
+        return AdminClient(**settings)
+    except ConfigError as exc:
+        problem = exc
+    if not settings.get("allow_insecure", False):
+        try:
+            AdminClient(**{**settings, "allow_insecure": True})
+        except ConfigError:
+            pass
+        else:
+            raise ConfigError(
+                f"plain http:// would send the token unencrypted; use https:// ({insecure_hint} "
+                "on a trusted network)"
+            ) from None
+    raise problem
+
+
+#: What ``_check_setting`` passes for the settings it does not check: a client needs a token
+#: and a base URL, and is never used (construction sends nothing).
+_STAND_INS: Final[Mapping[str, Any]] = {
+    "token": "stand-in",
+    "base_url": "https://stand-in.invalid",
+    "telemetry": False,
+}
+
+
+def _check_setting(**setting: Any) -> None:
+    """ConfigError if ``AdminClient`` refuses ``setting`` (one or a few keywords), the others
+    being stand-ins: so each problem of a store is found and reported under the key that holds
+    it, even while another key is wrong or the token variable unset."""
+    check_client({**_STAND_INS, **setting}, insecure_hint="or allow_insecure = true")
 
 
 def key_path(where: str, key: str) -> str:
@@ -284,8 +302,8 @@ def _boolean(value: object) -> bool:
 
 
 def _version(value: object) -> str:
-    if not isinstance(value, str) or not value.strip() or any(c in value for c in "/?# "):
-        raise ConfigError(f'must look like "2026-04", got {value!r}')
+    _check_setting(version=value)
+    assert isinstance(value, str)  # the client takes no other
     return value
 
 
@@ -450,16 +468,15 @@ def _store(
     for key in ("base_url", "token_env"):
         if key not in table:
             problems.add(where, f"{key} is required")
-    version = values.get("version", DEFAULT_VERSION)
+    version = values.get("version")  # None: the client's default (or reported as wrong)
     allow_insecure = values.get("allow_insecure", False)
     base_url = values.get("base_url", "")
     if base_url:
         try:
-            check_base_url(
-                base_url,
-                version=version,
+            _check_setting(
+                base_url=base_url,
                 allow_insecure=allow_insecure,
-                insecure_hint="or allow_insecure = true",
+                **({} if version is None else {"version": version}),
             )
         except ConfigError as exc:
             problems.add(origin("base_url"), str(exc))
@@ -467,11 +484,13 @@ def _store(
     token = ""
     token_env = values.get("token_env")
     if token_env is not None:
-        if token_env not in env:
-            problems.add(origin("token_env"), f"environment variable {token_env} is not set")
+        if not env.get(token_env):
+            state = "is empty" if token_env in env else "is not set"
+            problems.add(origin("token_env"), f"environment variable {token_env} {state}")
         else:
             try:
-                token = check_token(env[token_env])
+                _check_setting(token=env[token_env])
+                token = env[token_env]
             except ConfigError as exc:
                 problems.add(origin("token_env"), f"{token_env}: {exc}")
 

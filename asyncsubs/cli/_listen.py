@@ -33,8 +33,8 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
-from .._limiter import Limiter
 from ..errors import ConfigError
+from ..limiting import Limiter
 from ..webhooks import (
     DeadLetter,
     DeadLetterStore,

@@ -13,7 +13,8 @@ committed with its cursor in one transaction. Two more tables:
 
 Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
 connection pool (``psycopg_pool``), ``executemany`` (pipelined: a page's upserts are one round
-trip), JSONB adaptation with orjson, and ``LISTEN``/``NOTIFY`` for waking waiting workers.
+trip), its JSONB adaptation (the standard library's ``json``, which keeps integers beyond 64
+bits exact), and ``LISTEN``/``NOTIFY`` for waking waiting workers.
 asyncpg would be as fast but brings its own pool and type codecs to learn; psycopg is the
 reference driver, follows libpq's URLs and environment variables (``PGPASSWORD``, ``.pgpass``,
 ``sslmode``) exactly, and its errors carry SQLSTATE codes the messages below use.
@@ -35,7 +36,6 @@ from typing import Any, Final
 
 import attrs
 
-from .. import _json
 from ..webhooks import DeadLetter, InboxEntry
 from ._config_file import RESOURCES, PostgresURL
 from ._sync import (
@@ -53,7 +53,7 @@ from ._sync import (
 
 try:
     import psycopg
-    from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
+    from psycopg.types.json import Jsonb
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
@@ -184,7 +184,7 @@ def _upsert_sql(resource: str) -> str:
 
 def _params(store: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
     columns = record_columns(store, record)
-    # raw as JSONB (psycopg adapts it with orjson); the deleted-ids check repeats store and id.
+    # raw as JSONB; the deleted-ids check repeats store and id.
     return (*columns, Jsonb(record), columns[0], columns[1])
 
 
@@ -216,8 +216,6 @@ class UnitStatus:
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    set_json_dumps(_json.dumps, conn)
-    set_json_loads(_json.loads, conn)
     await conn.execute("SET TIME ZONE 'UTC'")
 
 

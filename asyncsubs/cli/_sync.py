@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
-from .. import AdminClient, _json
-from .._sqlite import SQLiteWorker, connect
+from .. import AdminClient
 from ..errors import AsyncSubsError, BadRequestError, ConfigError, ProtocolError
 from ..limiting import Limiter
 from ._config_file import RESOURCES, Incremental, StoreConfig
@@ -52,6 +54,7 @@ __all__ = [
     "Sink",
     "SyncDB",
     "count_rows",
+    "json_text",
     "make_client",
     "newer",
     "record_columns",
@@ -166,12 +169,21 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+#: Records and values as compact JSON text: the standard library's, which writes integers
+#: beyond 64 bits exactly (orjson refuses them), and non-ASCII text as itself.
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def json_text(value: Any) -> str:
+    return _JSON.encode(value)
+
+
 def text_value(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
         return value
-    return _json.dumps(value).decode()
+    return json_text(value)
 
 
 def _field(record: Mapping[str, Any], names: Sequence[str]) -> str | None:
@@ -201,15 +213,15 @@ def record_columns(store: str, record: Mapping[str, Any]) -> tuple[str | None, .
 
 def record_row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
     """The upsert's parameters for one record (which has an ``id``)."""
-    return (*record_columns(store, record), _json.dumps(record).decode(), now)
+    return (*record_columns(store, record), json_text(record), now)
 
 
 def _dump(value: Any) -> str | None:
-    return None if value is None else _json.dumps(value).decode()
+    return None if value is None else json_text(value)
 
 
 def _load(value: str | None) -> Any:
-    return None if value is None else _json.loads(value)
+    return None if value is None else json.loads(value)
 
 
 @attrs.frozen
@@ -295,12 +307,14 @@ class SyncDB:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.where = str(path)
-        self._worker = SQLiteWorker("asyncsubs-sqlite")
+        # One thread runs every call in order: a write queued behind another runs after it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
         self._conn: sqlite3.Connection | None = None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
         try:
-            return await self._worker.run(fn, *args)
+            return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from exc
 
@@ -313,9 +327,16 @@ class SyncDB:
         await self._run(self._open)
 
     def _open(self) -> None:
-        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
-        conn = connect(self.path)  # a page and its cursor are committed together
+        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below, so a
+        # page and its cursor are committed together. Used from self._thread only.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            # Up to 10 s for another writer's commit (--listen's webhook stores share the file).
+            conn.execute("PRAGMA busy_timeout = 10000")
+            # Readers (the webhook stores, the summary's count) and the writer do not block.
+            conn.execute("PRAGMA journal_mode = WAL")
+            # With WAL, a commit survives the process being killed (power loss may undo it).
+            conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             for resource in RESOURCES:
                 conn.execute(_table_sql(resource))
@@ -333,7 +354,7 @@ class SyncDB:
             # Queued behind any write still running, so that write finishes first.
             with contextlib.suppress(DatabaseError):
                 await self._run(self.conn.close)
-        self._worker.shutdown()
+        self._thread.shutdown(wait=True)
 
     async def load_state(self, store: str, resource: str) -> ResourceState:
         return await self._run(self._load_state, store, resource)
@@ -550,17 +571,18 @@ def make_client(config: StoreConfig, limiters: Mapping[str, Limiter] | None = No
     """The client of one store; ``limiters``: by Redis URL, the limiter of stores configured
     to pace through that Redis (``StoreConfig.redis``)."""
     limiter = None if config.redis is None or limiters is None else limiters[config.redis]
+    version: dict[str, Any] = {} if config.version is None else {"version": config.version}
     return AdminClient(
         token=config.token,
         base_url=config.base_url,
         store=config.store,
-        version=config.version,
         limits=config.limits,
         retry=config.retry,
         timeout=config.timeout,
         allow_insecure=config.allow_insecure,
         user_agent="asyncsubs-cli",
         limiter=limiter,
+        **version,
     )
 
 

@@ -29,9 +29,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .._client import AdminClient
-from .._limiter import Limiter
+from .. import AdminClient
 from ..errors import AsyncSubsError
+from ..limiting import Limiter
 from ._config_file import StoreConfig
 from ._progress import Tracker
 from ._sync import (

@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, TypeVar
 
-from .._sqlite import SQLiteWorker, connect
 from ..errors import ConfigError
 
 __all__ = ["SQLiteTable"]
 
 T = TypeVar("T")
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _connect(path: str | Path) -> sqlite3.Connection:
+    """A connection of its own in autocommit mode (transactions are explicit, ``BEGIN
+    IMMEDIATE``), usable from the table's thread."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        # Up to 10 s for another writer's commit: the file may be the sync database, in use.
+        conn.execute("PRAGMA busy_timeout = 10000")
+        # Deliveries are read (the inbox replayed, dead letters listed) while others are written.
+        conn.execute("PRAGMA journal_mode = WAL")
+        # With WAL, a commit survives the process being killed (power loss may undo it).
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class SQLiteTable:
@@ -32,7 +50,8 @@ class SQLiteTable:
         if not table or not set(table) <= _NAME_CHARS or table[0].isdigit():
             raise ConfigError(f"table must be a plain SQL identifier, got {table!r}")
         self.table = table
-        self._worker = SQLiteWorker("asyncsubs-webhooks")
+        # One thread runs every call in order, so the connection is only ever used from it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-webhooks")
         self._own = not isinstance(path_or_conn, sqlite3.Connection)
         self._target = path_or_conn
         self._conn: sqlite3.Connection | None = None
@@ -51,7 +70,7 @@ class SQLiteTable:
             if isinstance(self._target, sqlite3.Connection):
                 conn = self._target
             else:
-                conn = connect(self._target)
+                conn = _connect(self._target)
             self._create(conn)
             if conn.in_transaction:
                 conn.commit()
@@ -94,7 +113,8 @@ class SQLiteTable:
         return counts
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        return await self._worker.run(fn, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
     async def open(self) -> None:
         """Create the table now (rather than on first use), so it can be queried at once."""
@@ -107,4 +127,4 @@ class SQLiteTable:
         conn, self._conn = self._conn, None
         if conn is not None and self._own:
             await self._run(conn.close)
-        self._worker.shutdown()
+        self._thread.shutdown(wait=True)
