@@ -22,6 +22,8 @@ _DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 #: (orjson reads integers from -2**63 to 2**64 - 1 exactly).
 _LONG_POSITIVE: Final = b"0" * 20
 _LONG_NEGATIVE: Final = b"-" + b"0" * 19
+#: In both of those: one search rules them out in most bodies (19-digit ids call for the two).
+_LONG_EITHER: Final = b"0" * 19
 
 
 def _finite_float(text: str) -> float:
@@ -41,7 +43,9 @@ def loads(body: bytes | str) -> Any:
     if isinstance(body, str):
         body = body.encode()
     marked = body.translate(_DIGITS_TO_ZERO)
-    if _LONG_POSITIVE not in marked and _LONG_NEGATIVE not in marked:
+    if _LONG_EITHER not in marked or (
+        _LONG_POSITIVE not in marked and _LONG_NEGATIVE not in marked
+    ):
         return orjson.loads(body)  # JSONDecodeError is a ValueError
     try:
         return json.loads(

@@ -33,7 +33,10 @@ like the others.
 Full runs add one more row at 75 stores without asyncsubs: the same light requests, 5 tasks per
 store, through raw aiohttp behind one ``aiolimiter.AsyncLimiter(50, 1)`` per store (the loop a
 user would write by hand, as in A.1), with no retries. Its accepted rate and 429s are printed
-for comparison, not judged.
+for comparison, not judged. Full runs also send the 20 stores' requests paced by nothing but an
+``asyncio.sleep`` per store (5% over the rate's, so that no 429 skews them): through raw
+aiohttp, and through the client with limits that never hold it. Their CPU per request says what
+pacing costs at that load and what the client's own path does; printed, not judged.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 
 from ._common import (
+    LOOSE_LIMITS,
     CpuMeter,
     Report,
     Tally,
@@ -89,15 +93,22 @@ BASELINE_STORE = "g-baseline"
 
 
 #: Rows: the client with Python's default GC, the client with the GC tuned, and (full runs only)
-#: a hand-written baseline with no client at all.
+#: a hand-written baseline with no client at all, and, where the CPU per request is judged, the
+#: same requests paced by a bare ``asyncio.sleep`` per store: through raw aiohttp, and through
+#: the client with limits that never hold it (what pacing costs, and what the client's own path
+#: costs at that load). Those three are printed, not judged.
 DEFAULT, TUNED, NAIVE = "", "gc tuned", "naive: aiohttp + AsyncLimiter(50, 1)"
-#: Count of the naive row.
-NAIVE_COUNT = 75
+SLEPT_RAW, SLEPT_CLIENT = "raw aiohttp, sleep-paced", "client, loose limits, sleep-paced"
+INFO = (NAIVE, SLEPT_RAW, SLEPT_CLIENT)
+#: Count of the naive row, and of the sleep-paced ones.
+NAIVE_COUNT, SLEPT_COUNT = 75, 20
+#: The sleep-paced rows' interval: 5% over the rate's, so that no 429 (and its pause) skews them.
+SLEPT_INTERVAL = RATE.interval * 1.05
 
 
 def store_names(loop: str, count: int, variant: str = DEFAULT) -> list[str]:
-    tag = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive"}[variant]
-    return [f"g-{loop}-{count}{tag}-{i:03d}" for i in range(count)]
+    tag = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive", SLEPT_RAW: "-sr", SLEPT_CLIENT: "-sc"}
+    return [f"g-{loop}-{count}{tag[variant]}-{i:03d}" for i in range(count)]
 
 
 async def phase(
@@ -154,6 +165,57 @@ async def naive_phase(
         return await measure(remote, seconds, coroutines, tallies)
 
 
+async def slept_phase(
+    remote: RemoteFakeServer, stores: list[str], seconds: float, client: bool
+) -> dict[str, Any]:
+    """The same requests, 5 tasks per store, each store's starts spaced ``SLEPT_INTERVAL`` apart
+    by ``asyncio.sleep`` alone: through raw aiohttp, or through the client with ``LOOSE_LIMITS``."""
+    tallies = {s: Tally() for s in stores}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await warm_up(remote, stores, session)
+        loop = asyncio.get_running_loop()
+        coroutines, admins = [], []
+        url = f"{remote.api_url}subscriptions/"
+        for store in stores:
+            ids = subscription_ids(store, RECORDS)
+            headers = {"X-Service-Token": remote.tokens[store]}
+            admin = AdminClient(
+                token=remote.tokens[store],
+                base_url=remote.base_url,
+                store=store,
+                limits=LOOSE_LIMITS,
+                session=session,
+            )
+
+            async def send(n: int, ids: list[int] = ids, headers: Any = headers) -> None:
+                async with session.get(f"{url}{ids[n % len(ids)]}", headers=headers) as r:
+                    await r.read()
+
+            async def send_through(n: int, ids: list[int] = ids, admin: Any = admin) -> None:
+                await admin.request("GET", f"subscriptions/{ids[n % len(ids)]}")
+
+            next_start = [loop.time()]
+
+            async def task(first: int, tally: Tally, go: Any, next_start: list[float]) -> None:
+                n = first
+                while True:
+                    now = loop.time()
+                    start = next_start[0] = max(now, next_start[0])
+                    next_start[0] += SLEPT_INTERVAL
+                    await asyncio.sleep(start - now)
+                    await go(n)
+                    tally.ok += 1
+                    n += TASKS_PER_STORE
+
+            admins.append(admin)
+            go = send_through if client else send
+            coroutines += [task(k, tallies[store], go, next_start) for k in range(TASKS_PER_STORE)]
+        result = await measure(remote, seconds, coroutines, tallies)
+        for admin in admins:
+            await admin.aclose()
+        return result
+
+
 async def measure(
     remote: RemoteFakeServer,
     seconds: float,
@@ -189,7 +251,7 @@ def bench(report: Report) -> None:
     rows_to_run = [(c, DEFAULT) for c in counts]
     rows_to_run += [(c, TUNED) for c in (QUICK_TUNED_COUNTS if report.quick else TUNED_COUNTS)]
     if not report.quick:
-        rows_to_run.append((NAIVE_COUNT, NAIVE))
+        rows_to_run += [(NAIVE_COUNT, NAIVE), (SLEPT_COUNT, SLEPT_RAW), (SLEPT_COUNT, SLEPT_CLIENT)]
     baseline_requests = 1000 if report.quick else 3000
     credit = LATE_LIMIT
     configs = [FakeStoreConfig(BASELINE_STORE, rate_limits=ServerRateLimits.disabled())]
@@ -222,12 +284,20 @@ def bench(report: Report) -> None:
             verdicts = []
             cpu_checks: list[tuple[str, float]] = []
             naive_line = ""
+            info_lines: list[str] = []
             # (requests, client CPU s per 1,000, server CPU s per 1,000) of the busiest row
             busiest: tuple[float, float, float] = (0.0, float("nan"), float("nan"))
             for count, variant in rows_to_run:
                 stores = store_names(loop, count, variant)
                 if variant == NAIVE:
                     result = run(lambda s=stores: naive_phase(remote, s, seconds), loop)  # type: ignore[misc]
+                elif variant in INFO:
+                    result = run(
+                        lambda s=stores, c=variant == SLEPT_CLIENT: slept_phase(
+                            remote, s, seconds, c
+                        ),  # type: ignore[misc]
+                        loop,
+                    )
                 else:
                     result = run(
                         lambda s=stores, t=variant == TUNED: phase(remote, s, seconds, t),  # type: ignore[misc]
@@ -246,7 +316,7 @@ def bench(report: Report) -> None:
                 failed = sum(t.failed for t in result["tallies"].values())
                 ratios.sort()
                 cpu_per_k = meter.cpu / ok * 1000 if ok else float("nan")
-                if ok > busiest[0] and variant != NAIVE:
+                if ok > busiest[0] and variant not in INFO:
                     busiest = (ok, cpu_per_k, meter.other_cpu / ok * 1000)
                 saturated = [
                     side
@@ -283,6 +353,11 @@ def bench(report: Report) -> None:
                         f" accepted, {rejected:,} 429s ({rejected / (ok + failed):.0%} of its"
                         " requests refused; a baseline, not judged)"
                     )
+                elif variant in INFO:
+                    info_lines.append(
+                        f"  info  {loop}, {label}: client CPU per request"
+                        f" {cpu_per_k / base_cpu:.2f}x raw aiohttp flat out (not judged)"
+                    )
                 else:
                     verdicts.append((label, ratios[0], rejected, saturated))
                     if count in CPU_COUNTS and variant == DEFAULT:
@@ -315,8 +390,8 @@ def bench(report: Report) -> None:
                 f"  [{loop}] saturated: a core >= {pct(SATURATED)} busy, or the client loop's"
                 f" p90 timer lateness above {credit * 1e3:.1f} ms"
             )
-            if naive_line:
-                report.say(naive_line)
+            for line in filter(None, [naive_line, *info_lines]):
+                report.say(line)
             for label, ratio in cpu_checks:
                 report.check(
                     f"{loop}, {label} stores: client CPU per request / raw aiohttp's",
