@@ -228,8 +228,10 @@ class StoreLimiter:
         else:
             margin, paced_by = limits.max_margin, "start"
         slowdown = p.slowdown.value(now)
-        if slowdown > 1.001 or p.server_rate is not None:
-            paced_by = "429" if slowdown > 1.001 else "server"
+        if slowdown > 1.001:
+            paced_by = "429"
+        elif p.server_rate is not None:
+            paced_by = "server"
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
             message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
