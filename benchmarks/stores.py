@@ -42,6 +42,7 @@ pacing costs at that load and what the client's own path does; printed, not judg
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import time
 from typing import Any
@@ -166,51 +167,58 @@ async def naive_phase(
         return await measure(remote, seconds, coroutines, tallies)
 
 
+async def _get_raw(session: Any, url: str, headers: dict[str, str], id_: int) -> None:
+    async with session.get(f"{url}{id_}", headers=headers) as response:
+        await response.read()
+
+
+async def _get_through(client: AdminClient, id_: int) -> None:
+    await client.request("GET", f"subscriptions/{id_}")
+
+
 async def slept_phase(
     remote: RemoteFakeServer, stores: list[str], seconds: float, client: bool
 ) -> dict[str, Any]:
     """The same requests, 5 tasks per store, each store's starts spaced ``SLEPT_INTERVAL`` apart
     by ``asyncio.sleep`` alone: through raw aiohttp, or through the client with ``LOOSE_LIMITS``."""
     tallies = {s: Tally() for s in stores}
+    loop = asyncio.get_running_loop()
+
+    async def task(
+        ids: list[int], first: int, tally: Tally, get: Any, next_start: list[float]
+    ) -> None:
+        n = first
+        while True:
+            now = loop.time()
+            start = next_start[0] = max(now, next_start[0])
+            next_start[0] += SLEPT_INTERVAL
+            await asyncio.sleep(start - now)
+            await get(ids[n % len(ids)])
+            tally.ok += 1
+            n += TASKS_PER_STORE
+
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await warm_up(remote, stores, session)
-        loop = asyncio.get_running_loop()
         coroutines, admins = [], []
         url = f"{remote.api_url}subscriptions/"
         for store in stores:
-            ids = subscription_ids(store, RECORDS)
-            headers = {"X-Service-Token": remote.tokens[store]}
-            admin = AdminClient(
-                token=remote.tokens[store],
-                base_url=remote.base_url,
-                store=store,
-                limits=LOOSE_LIMITS,
-                session=session,
-            )
-
-            async def send(n: int, ids: list[int] = ids, headers: Any = headers) -> None:
-                async with session.get(f"{url}{ids[n % len(ids)]}", headers=headers) as r:
-                    await r.read()
-
-            async def send_through(n: int, ids: list[int] = ids, admin: Any = admin) -> None:
-                await admin.request("GET", f"subscriptions/{ids[n % len(ids)]}")
-
-            next_start = [loop.time()]
-
-            async def task(first: int, tally: Tally, go: Any, next_start: list[float]) -> None:
-                n = first
-                while True:
-                    now = loop.time()
-                    start = next_start[0] = max(now, next_start[0])
-                    next_start[0] += SLEPT_INTERVAL
-                    await asyncio.sleep(start - now)
-                    await go(n)
-                    tally.ok += 1
-                    n += TASKS_PER_STORE
-
-            admins.append(admin)
-            go = send_through if client else send
-            coroutines += [task(k, tallies[store], go, next_start) for k in range(TASKS_PER_STORE)]
+            if client:
+                admin = AdminClient(
+                    token=remote.tokens[store],
+                    base_url=remote.base_url,
+                    store=store,
+                    limits=LOOSE_LIMITS,
+                    session=session,
+                )
+                admins.append(admin)
+                get = functools.partial(_get_through, admin)
+            else:
+                headers = {"X-Service-Token": remote.tokens[store]}
+                get = functools.partial(_get_raw, session, url, headers)
+            ids, next_start = subscription_ids(store, RECORDS), [loop.time()]
+            coroutines += [
+                task(ids, k, tallies[store], get, next_start) for k in range(TASKS_PER_STORE)
+            ]
         result = await measure(remote, seconds, coroutines, tallies)
         for admin in admins:
             await admin.aclose()
