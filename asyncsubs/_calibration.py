@@ -1,17 +1,7 @@
 """How far below a configured rate to pace: ``interval = per / n * (1 + margin) * slowdown``.
 
-**Margin.** A server stamps a request somewhere between its due moment and its answer, so starts
-``per / n`` apart can reach its limiter closer together by up to the spread of that lag. Each
-answered light request gives ``answered - due``; the margin is the spread (99th less 1st
-percentile) of the last ``2 n`` samples over ``per``, floored at ``Limits.safety_margin``,
-capped at ``Limits.max_margin``, and the cap until ``n + 1`` samples exist. Heavy requests are
-not sampled: their pages are built after the stamp. README's "How close to the limit" explains.
-
-**Slowdown (AIMD).** A 429 raises it to ``n / accepted``, the starts of the window before the
-refused one (a server at 40/s against 50/s: 1.25), or by one step when that count says nothing;
-one widening per round trip. The excess over 1 halves every ``SLOWDOWN_HALF_LIFE`` seconds, so
-a limit lowered for a while is given back within minutes, one that stays low costs a 429 about
-every half minute (40/50).
+The margin covers the spread of when a server stamps requests (:class:`Jitter`), the slowdown
+what 429s taught (:class:`Slowdown`, AIMD); README's "How close to the limit" gives the rules.
 """
 
 from __future__ import annotations
@@ -26,22 +16,24 @@ SLOWDOWN_STEP = 0.05
 #: The largest slowdown: a server enforcing less than a quarter of the configured rate is
 #: misconfigured on one side, and its 429s and Retry-After still hold the pool.
 MAX_SLOWDOWN = 4.0
-#: Seconds for the excess of a slowdown over 1 to halve without a 429.
+#: Seconds for the excess of a slowdown over 1 to halve without a 429: a limit lowered for a
+#: while is given back within minutes; one that stays low (40/s against 50) costs a 429 about
+#: every half minute.
 SLOWDOWN_HALF_LIFE = 120.0
-#: Samples between two recomputations of a spread (sorting 4 n samples each time).
+#: Samples between two recomputations of a spread (sorting 2 n samples each time).
 _RECOMPUTE_EVERY = 16
 
 
 class Jitter:
-    """Recent ``answered - due`` samples of one pool and their spread in seconds."""
+    """The last ``2 n`` ``answered - due`` samples of a pool's light requests (the server
+    stamped each somewhere in that span) and their spread in seconds, the 99th less the 1st
+    percentile: None until ``needed`` samples exist."""
 
     __slots__ = ("_fresh", "_samples", "needed", "spread")
 
     def __init__(self, n: int) -> None:
-        self.needed = n + 1
-        self._samples: deque[float] = deque(maxlen=2 * n + 2)
-        self._fresh = 0
-        self.spread: float | None = None  #: None until ``needed`` samples exist
+        self.needed, self._fresh, self._samples = n + 1, 0, deque[float](maxlen=2 * n + 2)
+        self.spread: float | None = None
 
     def add(self, sample: float) -> bool:
         """Record a sample; True when the spread was recomputed."""
@@ -59,14 +51,14 @@ class Jitter:
 
 
 class Slowdown:
-    """A pool's AIMD slowdown factor (>= 1), decaying towards 1 on the caller's clock."""
+    """A pool's AIMD slowdown factor (>= 1), decaying towards 1 on the caller's clock. A 429
+    raises it to at least the rate the server evidently allowed (the caller's ``target``) and
+    one step, once per round trip (``widened_at``: when the last widening was made)."""
 
     __slots__ = ("_at", "_excess", "widened_at")
 
     def __init__(self) -> None:
-        self._excess = 0.0
-        self._at = 0.0
-        self.widened_at = -math.inf  #: when the last widening was made
+        self._excess, self._at, self.widened_at = 0.0, 0.0, -math.inf
 
     def value(self, now: float) -> float:
         if not self._excess:

@@ -19,6 +19,9 @@ class FrozenMap(Mapping[str, _V], Generic[_V]):
     def __getitem__(self, key: str) -> _V:
         return self._data[key]
 
+    def __contains__(self, key: object) -> bool:  # Mapping's would raise and catch a KeyError
+        return key in self._data
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
 

@@ -1,14 +1,13 @@
 """Client-side rate limiting: one paced queue per (store, pool), an in-flight cap per store.
 
-A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate
-(FIFO, taken before the start is claimed so that a full gate never bunches starts), then claims
-a start from the backend, GCRA without burst: ``slot = max(now, tat, pause_end)``, ``tat = slot
-+ interval``; it sleeps until the slot (claiming again if a pause came meanwhile), starts and
-hands the turn on. ``interval = per / n * (1 + margin) * slowdown`` (:mod:`._calibration`),
-``n / per`` the configured rate or a lower one the server announced (:mod:`._server_limits`).
-A cancelled waiter leaves its queue; a slot it claimed is lost, the safe side. Backends hold
-what processes share (each pool's next slot, pause and slowdown): :class:`MemoryPacing` in
-process, ``RedisLimiter`` the same contract in Lua.
+A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (so
+that a full gate never bunches starts), then claims a start from the backend, GCRA without
+burst: ``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, and sleeps until it
+(claiming again if a pause came meanwhile) before handing the turn on. ``interval = per / n *
+(1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` the configured rate or a lower one
+the server announced (:mod:`._server_limits`). A cancelled waiter leaves its queue; a slot it
+claimed is lost, the safe side. Backends hold what processes share (each pool's next slot, pause
+and slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` the same contract in Lua.
 """
 
 from __future__ import annotations
@@ -38,9 +37,9 @@ _NO_RESPONSE: dict[str, Any] = {"status": 429, "code": None, "server_message": N
 
 class PacingBackend(Protocol):
     """Shared pacing on the backend's clock. ``reserve`` claims the next start and returns
-    ``(slot - now, slowdown)``, the pool's shared 429 slowdown (1.0: none) in the same round
-    trip; ``pause`` allows no slot before ``now + seconds`` and raises the slowdown to at least
-    ``slowdown``. Failures raise LimiterUnavailableError (anything else is wrapped in one)."""
+    ``(slot - now, slowdown)``, the pool's shared 429 slowdown (1.0: none); ``pause`` allows no
+    slot before ``now + seconds`` and raises the slowdown to at least ``slowdown``. Failures
+    raise LimiterUnavailableError (anything else is wrapped in one)."""
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]: ...
 
@@ -59,13 +58,11 @@ class MemoryPacing:
     instance behave like processes sharing one Redis."""
 
     def __init__(self) -> None:
-        self._loops: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], _Shared]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._loops = weakref.WeakKeyDictionary[Any, dict[tuple[str, str], _Shared]]()
 
     def _shared(self, store: str, pool: str) -> tuple[float, _Shared]:
         loop = asyncio.get_running_loop()
-        pools = self._loops.setdefault(loop, {})
+        pools = self._loops.get(loop) or self._loops.setdefault(loop, {})
         return loop.time(), pools.get((store, pool)) or pools.setdefault((store, pool), _Shared())
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
@@ -91,21 +88,18 @@ class _Pool:
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.paced_by = "start"
-        self.requests = self.rate_limited = self.retries = self.waiting = 0
+        self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
 
 
 class Slot:
     """``async with store_limiter.slot(pool) as slot``: an in-flight place held while the
     request runs; ``slot.due`` is the loop time it was paced for."""
 
-    __slots__ = ("_limiter", "_max_wait", "_pool", "due")
+    __slots__ = ("_limiter", "_max_wait", "_pool", "due", "pool")
 
     def __init__(self, limiter: StoreLimiter, pool: _Pool, max_wait: float) -> None:
         self._limiter, self._pool, self._max_wait, self.due = limiter, pool, max_wait, 0.0
-
-    @property
-    def pool(self) -> str:
-        return self._pool.name
+        self.pool = pool.name
 
     async def __aenter__(self) -> Slot:
         self.due = await self._limiter._acquire(self._pool, self._max_wait)
@@ -116,6 +110,7 @@ class Slot:
     ) -> None:
         limiter, p = self._limiter, self._pool
         limiter._in_flight.release()
+        p.in_flight -= 1
         # An answered light request is a jitter sample (heavy pages are built after the stamp).
         if exc_type is None and p is limiter._global:
             now = asyncio.get_running_loop().time()
@@ -136,16 +131,11 @@ class StoreLimiter:
         self._global = self._pools["global"]
         self._background: set[asyncio.Task[None]] = set()  # pauses being shared
 
-    @property
-    def in_flight(self) -> int:
-        return self.limits.max_in_flight - self._in_flight._value
-
     def _pool(self, pool: str) -> _Pool:
-        if pool not in self._pools:
+        if (found := self._pools.get(pool)) is None:
             pools = ", ".join(self._pools)
-            message = f"store {self.store!r} has no rate-limit pool {pool!r} (pools: {pools})"
-            raise ConfigError(message)
-        return self._pools[pool]
+            raise ConfigError(f"store {self.store!r} has no rate-limit pool {pool!r} ({pools})")
+        return found
 
     def slot(self, pool: str, *, max_wait: float = math.inf) -> Slot:
         """A paced start of ``pool``; one that would wait (on a pause) longer than ``max_wait``
@@ -155,8 +145,9 @@ class StoreLimiter:
     def stats(self) -> LimiterStats:
         names = [f.name for f in attrs.fields(PoolStats)]
         pools = {n: PoolStats(*(getattr(p, f) for f in names)) for n, p in self._pools.items()}
+        in_flight = sum(p.in_flight for p in pools.values())
         return LimiterStats(
-            self.store, MappingProxyType(pools), self.in_flight, self.limits.max_in_flight
+            self.store, MappingProxyType(pools), in_flight, self.limits.max_in_flight
         )
 
     def record_retry(self, pool: str) -> None:
@@ -275,19 +266,20 @@ class StoreLimiter:
         # a 429 then tells its quota by the starts since (see rate_limited).
         if due - p.last_start >= (p.server_rate or p.rate).per and p.pause_until <= p.last_start:
             p.run_start = due
-        p.last_start, p.requests = due, p.requests + 1
-        p.wait_seconds += loop.time() - queued_at
+        p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
+        p.wait_seconds += due - queued_at
         return due
 
     async def _reserve(self, p: _Pool, interval: float) -> tuple[float, float]:
         try:
-            wait, slowdown = map(float, await self._backend.reserve(self.store, p.name, interval))
+            wait, slowdown = await self._backend.reserve(self.store, p.name, interval)
+            valid = 0 <= wait < math.inf and 1 <= slowdown < math.inf
         except AsyncSubsError:
             raise
         except Exception as exc:  # its type only: a message may hold the backend's password
             message = f"rate limiter backend failed for store {self.store!r}"
             raise LimiterUnavailableError(f"{message}: {type(exc).__name__}") from exc
-        if not (0 <= wait < math.inf and 1 <= slowdown < math.inf):
+        if not valid:
             message = f"rate limiter backend returned an invalid slot ({wait!r}, {slowdown!r})"
             raise LimiterUnavailableError(f"{message} for store {self.store!r}")
         return wait, slowdown
@@ -301,9 +293,7 @@ class Limiter:
     def __init__(self, backend: PacingBackend) -> None:
         self._backend = backend
         self._lock = threading.Lock()  # bind() is sync and may run in several threads' loops
-        self._stores: weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""

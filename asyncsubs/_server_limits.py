@@ -1,14 +1,13 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
-Read (names lower-case, as the transport hands them over): the IETF draft's
-``RateLimit-Policy: "p";q=40;w=1`` (quota ``q`` per ``w`` seconds; a policy whose unit ``qu``
-is not "requests" is skipped, ``pk`` ignored) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset
-in ``t`` seconds); older drafts' ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and the common
-``X-RateLimit-*``, which name no window (the pool's own applies) and may give the reset as a
-Unix time (values of 10**9 and more). Of several policies the lowest quota per second wins, of
-several ``RateLimit`` items the one with the fewest left. Malformed values are ignored, never
-raised (a hint is advice; the 429 and its Retry-After stay the rule), and so are quotas of
-10**9 and more and durations over a day: no real limit says them, and they would stick a pool.
+Read (names lower-case, as the transport hands them over): the IETF draft's ``RateLimit-Policy:
+"p";q=40;w=1`` (``q`` requests per ``w`` seconds; other units ``qu`` are skipped) and ``RateLimit:
+"p";r=0;t=1`` (``r`` left, reset in ``t`` seconds); older drafts' ``RateLimit-Limit`` /
+``-Remaining`` / ``-Reset`` and the common ``X-RateLimit-*``, which name no window (the pool's
+own applies) and may give the reset as a Unix time. The lowest quota per second and the item
+with the fewest left win. Malformed values are ignored, never raised (a hint is advice; the 429
+and its Retry-After stay the rule), and so are quotas of 10**9 and more and durations over a
+day, which no real limit says and would stick a pool.
 """
 
 from __future__ import annotations
@@ -78,22 +77,21 @@ def parse_server_limit(
     """The limit a response announces, or None when it announces none (or only nonsense)."""
     if _NAMES.isdisjoint(headers):  # most responses: nothing to read
         return None
+
+    def older(name: str) -> str:  # older drafts' RateLimit-* or the common X-RateLimit-*
+        return headers.get(f"ratelimit-{name}") or headers.get(f"x-ratelimit-{name}") or ""
+
     quota, window = _policy(headers.get("ratelimit-policy", ""))
     if quota is None:  # "RateLimit-Limit: 100, 100;w=60" (older drafts): quota, then policies
-        quota, window = _policy(
-            headers.get("ratelimit-limit") or headers.get("x-ratelimit-limit") or ""
-        )
+        quota, window = _policy(older("limit"))
     items = [i for i in _items(headers.get("ratelimit", "")) if _number(i.get("r")) is not None]
     current = min(items, key=lambda i: _number(i["r"]) or 0.0) if items else {}
     remaining = _number(current.get("r"))
-    if remaining is None:
-        remaining = _number(
-            headers.get("ratelimit-remaining") or headers.get("x-ratelimit-remaining")
-        )
+    remaining = _number(older("remaining")) if remaining is None else remaining
     reset = _number(current.get("t"), _DAY)
     if reset is None:
-        reset = _number(headers.get("ratelimit-reset") or headers.get("x-ratelimit-reset"))
-        if reset is not None and reset >= _HUGE:
+        reset = _number(older("reset"))
+        if reset is not None and reset >= _HUGE:  # a Unix time
             reset = max(0.0, reset - (time.time() if now is None else now))
         reset = reset if reset is not None and reset <= _DAY else None
     if quota is None and remaining is None:

@@ -18,6 +18,7 @@ class PoolStats:
     retries: int = 0  #: attempts that were retries
     wait_seconds: float = 0.0  #: total time started requests spent queued in the limiter
     waiting: int = 0  #: tasks queued in this pool right now
+    in_flight: int = 0  #: requests of this pool started and not yet answered
     interval: float = 0.0  #: seconds between starts now (0 before the first request)
     margin: float = 0.0  #: the margin in that interval
     #: What sets the interval: "start" (no samples yet), "floor", "jitter", "429", "server"

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from ._limiter import StoreLimiter
+    from ._stats import PoolStats
 
 __all__ = ["AVAILABLE", "Call", "Exchange", "Telemetry", "telemetry_for"]
 
@@ -213,10 +214,10 @@ class _Instruments:
         self.retries = meter.create_counter(
             "asyncsubs.retries", unit="{attempt}", description="Attempts that were retries."
         )
-        # Counted here and observed, rather than an UpDownCounter's two measurements a request.
+        # Observed from the limiters: a request holds its place there from start to answer.
         meter.create_observable_up_down_counter(
             "asyncsubs.requests.in_flight",
-            callbacks=[self._in_flight_now],
+            callbacks=[self._in_flight],
             unit="{request}",
             description="Requests started by the limiter and not yet answered.",
         )
@@ -232,39 +233,32 @@ class _Instruments:
             unit="1",
             description="The fraction by which the pool's pacing stays below its rate now.",
         )
-        # Observed in the SDK's export thread while event loops (maybe several) update them.
+        # Observed in the SDK's export thread while event loops (maybe several) add limiters.
         self._lock = threading.Lock()
         self._limiters: weakref.WeakSet[StoreLimiter] = weakref.WeakSet()
-        self._in_flight: dict[tuple[str, str], int] = {}
 
     def observe(self, limiter: StoreLimiter) -> None:
         with self._lock:
             self._limiters.add(limiter)
 
-    def started(self, store: str, pool: str, change: int) -> None:
-        """``change`` (+1, -1) requests of ``store``'s ``pool`` in flight."""
-        with self._lock:
-            key = (store, pool)
-            self._in_flight[key] = self._in_flight.get(key, 0) + change
-
-    def _in_flight_now(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            counts = list(self._in_flight.items())
-        return [metrics.Observation(n, {STORE: s, POOL: p}) for (s, p), n in counts]
-
-    def _pools(self) -> Iterable[tuple[dict[str, Any], float, float]]:
+    def _pools(self) -> Iterable[tuple[dict[str, Any], PoolStats]]:
         with self._lock:
             limiters = list(self._limiters)
         for limiter in limiters:
             for name, pool in limiter.stats().pools.items():
-                if pool.interval > 0:  # else the pool has not paced a request yet
-                    yield {STORE: limiter.store, POOL: name}, pool.interval, pool.margin
+                yield {STORE: limiter.store, POOL: name}, pool
+
+    def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [metrics.Observation(pool.in_flight, attrs) for attrs, pool in self._pools()]
 
     def _intervals(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [metrics.Observation(interval, attrs) for attrs, interval, _ in self._pools()]
+        # A pool that has not paced a request yet has no interval to report.
+        pools = self._pools()
+        return [metrics.Observation(p.interval, attrs) for attrs, p in pools if p.interval > 0]
 
     def _margins(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [metrics.Observation(margin, attrs) for attrs, _, margin in self._pools()]
+        pools = self._pools()
+        return [metrics.Observation(p.margin, attrs) for attrs, p in pools if p.interval > 0]
 
 
 _lock = threading.Lock()
@@ -288,7 +282,7 @@ def _instruments(provider: MeterProvider | None) -> _Instruments:
 
 
 class _Recording(Telemetry):
-    __slots__ = ("_attributes", "instruments", "server", "store", "tracer")
+    __slots__ = ("_attributes", "global_tracer", "instruments", "server", "store", "tracer")
 
     def __init__(
         self,
@@ -301,6 +295,7 @@ class _Recording(Telemetry):
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self.instruments = instruments
         self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
+        self.global_tracer = tracer_provider is None
         self.store = store
         self.server: dict[str, Any] = {"server.address": parts.hostname, "server.port": port}
         self._attributes: dict[tuple[object, ...], dict[str, Any]] = {}
@@ -341,17 +336,21 @@ class _RecordingCall(Call):
         self._span: Span | None = None
 
     def __enter__(self) -> Call:
-        request = self.request
+        telemetry, request = self.telemetry, self.request
+        if telemetry.global_tracer and isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        ):
+            return self  # no SDK configured (yet): every span would be a no-op
         if self.kind == "page":
             name = f"asyncsubs.page {request.path}"
         else:
             name = f"asyncsubs.request {request.method}"
-        span = self.telemetry.tracer.start_span(name, kind=SpanKind.INTERNAL)
-        # Without an SDK this is the invalid span: no attributes, context or attempt spans
-        # then, so that a client nobody traces pays next to nothing.
+        span = telemetry.tracer.start_span(name, kind=SpanKind.INTERNAL)
+        # A provider may still answer with the invalid span: then no attributes, context or
+        # attempt spans either, so that a client nobody traces pays next to nothing.
         if span.get_span_context().is_valid:
             if span.is_recording():
-                span.set_attributes(self.telemetry.attributes(self.pool))
+                span.set_attributes(telemetry.attributes(self.pool))
                 span.set_attribute("http.request.method", self.method)
             self._span = span
             self._token = context.attach(trace.set_span_in_context(span))
@@ -408,7 +407,6 @@ class _RecordingExchange(Exchange):
         instruments = telemetry.instruments
         self._sent = now = self._loop.time()
         instruments.wait.record(now - self._queued, telemetry.attributes(call.pool))
-        instruments.started(telemetry.store, call.pool, 1)
         if call._span is None:  # not tracing
             return
         attributes = {
@@ -448,7 +446,6 @@ class _RecordingExchange(Exchange):
             instruments.rate_limited.add(1, telemetry.attributes(call.pool))
         attributes = telemetry.attributes(call.pool, call.method, status, failed)
         instruments.duration.record(self._loop.time() - self._sent, attributes)
-        instruments.started(telemetry.store, call.pool, -1)
         span = self._span
         if span is None:
             return

@@ -308,8 +308,21 @@ async def test_in_flight_places_go_to_pools_in_the_order_they_asked(clock: Virtu
     first = asyncio.create_task(request(sl, "orders", [], tag="orders", order=order, hold=0.1))
     await asyncio.sleep(0.2)
     second = asyncio.create_task(request(sl, "global", [], tag="global", order=order))
+    await settle()
+    pools = sl.stats().pools  # each pool counts its own requests in flight and waiting
+    assert [(p.in_flight, p.waiting) for p in (pools["global"], pools["orders"])] == [
+        (1, 1),
+        (0, 1),
+    ]
+    await asyncio.sleep(0.65)  # the blocker is done; "orders" holds the place for 0.1 s
+    pools = sl.stats().pools
+    assert [(p.in_flight, p.waiting) for p in (pools["global"], pools["orders"])] == [
+        (0, 1),
+        (1, 0),
+    ]
     await asyncio.gather(blocker, first, second)
     assert order == ["orders", "global"]
+    assert sl.stats().in_flight == sum(p.in_flight for p in sl.stats().pools.values()) == 0
 
 
 async def test_start_delayed_by_the_gate_is_not_followed_by_a_burst(clock: VirtualClock) -> None:

@@ -348,7 +348,8 @@ async def main():
         def client(store, **kwargs):  # a limiter store each: no client waits for another
             token = server.store("acme").token
             return AdminClient(token=token, base_url=server.base_url, store=store, **kwargs)
-        early = client("early")  # made before the application configures the SDK
+        early = client("early")  # made, and used, before the application configures the SDK
+        await early.request("GET", "subscriptions", params={"pageSize": 5})
         reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         tracer_provider = TracerProvider()
@@ -375,7 +376,8 @@ def test_the_global_providers_are_used_by_default() -> None:
         timeout=60,
         check=True,
     ).stdout
-    # Two clients record (one made before the SDK was configured); the one switched off not.
+    # Two clients record once the SDK is configured (one made and used before); the one
+    # switched off does not.
     assert json.loads(out) == {
         "points": 2,
         "spans": ["GET", "asyncsubs.request GET", "GET", "asyncsubs.request GET"],
