@@ -11,14 +11,14 @@ server.
 
 Baseline in the same run: raw aiohttp sending the same light requests (no limiter, 20 at a
 time) to the same server, for CPU per request and for the server's capacity; the median of
-three runs of it. The target (every store >= 95% of its rate, no 429) applies until a core
-saturates: a row where the client or the server used >= 90% of a core is reported as
-saturated, naming the side, and is not judged; so is a row where the client's loop no longer
-runs timers on time. A probe task sleeps 5 ms over and over during the phase and records how
-late it wakes; when the 90th percentile of that lateness exceeds ``LATE_LIMIT`` (10 ms, half
-of what the 2% margin floor spans at 50/s), one start in ten goes out later than the floor
-allows for, whatever the CPU figure says (an event loop at 80-90% of a core runs long
-iterations), and the row reads "client loop" saturated.
+three runs of it before a loop's rows and three after them. The target (every store >= 95% of
+its rate, no 429) applies until a core saturates: a row where the client or the server used
+>= 90% of a core is reported as saturated, naming the side, and is not judged; so is a row
+where the client's loop no longer runs timers on time. A probe task sleeps 5 ms over and over
+during the phase and records how late it wakes; when the 90th percentile of that lateness
+exceeds ``LATE_LIMIT`` (10 ms, half of what the 2% margin floor spans at 50/s), one start in
+ten goes out later than the floor allows for, whatever the CPU figure says (an event loop at
+80-90% of a core runs long iterations), and the row reads "client loop" saturated.
 
 Client CPU per request at 20 and 75 stores is judged against raw aiohttp sending the same
 requests: at most ``MAX_CPU_RATIO`` times as much.
@@ -280,27 +280,21 @@ def bench(report: Report) -> None:
             f" {seconds:g} s per row"
         )
         for loop in loops():
-            # The median of three: one 3-second run of it moved by a third from run to run.
-            bases = [
-                run(lambda: raw_light_baseline(remote, BASELINE_STORE, baseline_requests), loop)
-                for _ in range(BASELINE_RUNS)
-            ]
-            base = sorted(bases, key=lambda b: b.cpu)[len(bases) // 2]
-            base_cpu = base.cpu / baseline_requests * 1000
-            base_server_cpu = base.other_cpu / baseline_requests * 1000
-            report.say(
-                f"  [{loop}] baseline, raw aiohttp (median of {len(bases)} runs, CPU s per 1,000:"
-                f" {', '.join(f'{b.cpu / baseline_requests * 1000:.3f}' for b in bases)}):"
-                f" {baseline_requests / base.wall:,.0f} req/s"
-                f" (client CPU {pct(base.utilisation)}, server CPU"
-                f" {pct(base.other_utilisation)}); CPU s per 1,000 requests: client"
-                f" {base_cpu:.3f}, server {base_server_cpu:.3f}"
-            )
+
+            def baselines(loop: str = loop) -> list[CpuMeter]:
+                return [
+                    run(lambda: raw_light_baseline(remote, BASELINE_STORE, baseline_requests), loop)
+                    for _ in range(BASELINE_RUNS)
+                ]
+
+            # Runs before and after the rows, and their median: one 3-second run moved by a
+            # third from run to run, and the machine's speed drifts over the minutes between.
+            bases = baselines()
             rows = []
             verdicts = []
-            cpu_checks: list[tuple[str, float]] = []
+            cpu_checks: list[tuple[str, float]] = []  # (label, client CPU s per 1,000)
             naive_line = ""
-            info_lines: list[str] = []
+            info_lines: list[tuple[str, float]] = []
             # (requests, client CPU s per 1,000, server CPU s per 1,000) of the busiest row
             busiest: tuple[float, float, float] = (0.0, float("nan"), float("nan"))
             for count, variant in rows_to_run:
@@ -356,7 +350,7 @@ def bench(report: Report) -> None:
                         rejected,
                         failed,
                         cpu_per_k,
-                        cpu_per_k / base_cpu,
+                        cpu_per_k,  # over the baseline's, below
                         pct(meter.utilisation),
                         f"{late90 * 1e3:.1f} / {late99 * 1e3:.1f} ms",
                         pct(meter.other_utilisation),
@@ -370,14 +364,27 @@ def bench(report: Report) -> None:
                         " requests refused; a baseline, not judged)"
                     )
                 elif variant in INFO:
-                    info_lines.append(
-                        f"  info  {loop}, {label}: client CPU per request"
-                        f" {cpu_per_k / base_cpu:.2f}x raw aiohttp flat out (not judged)"
-                    )
+                    info_lines.append((label, cpu_per_k))
                 else:
                     verdicts.append((label, ratios[0], rejected, saturated))
                     if count in CPU_COUNTS and variant == DEFAULT:
-                        cpu_checks.append((label, cpu_per_k / base_cpu))
+                        cpu_checks.append((label, cpu_per_k))
+            after = baselines()
+            base = sorted(bases + after, key=lambda b: b.cpu)[len(bases + after) // 2]
+            base_cpu = base.cpu / baseline_requests * 1000
+
+            def per_k(runs: list[CpuMeter]) -> str:
+                return ", ".join(f"{b.cpu / baseline_requests * 1000:.3f}" for b in runs)
+
+            report.say(
+                f"  [{loop}] baseline, raw aiohttp (median of {len(bases + after)} runs, CPU s"
+                f" per 1,000: {per_k(bases)} before the rows, {per_k(after)} after):"
+                f" {baseline_requests / base.wall:,.0f} req/s (client CPU {pct(base.utilisation)},"
+                f" server CPU {pct(base.other_utilisation)}); CPU s per 1,000 requests: client"
+                f" {base_cpu:.3f}, server {base.other_cpu / baseline_requests * 1000:.3f}"
+            )
+            for row in rows:
+                row[7] = row[7] / base_cpu
             report.table(
                 [
                     "stores",
@@ -406,12 +413,17 @@ def bench(report: Report) -> None:
                 f"  [{loop}] saturated: a core >= {pct(SATURATED)} busy, or the client loop's"
                 f" p90 timer lateness above {credit * 1e3:.1f} ms"
             )
-            for line in filter(None, [naive_line, *info_lines]):
-                report.say(line)
-            for label, ratio in cpu_checks:
+            if naive_line:
+                report.say(naive_line)
+            for label, cpu_per_k in info_lines:
+                report.say(
+                    f"  info  {loop}, {label}: client CPU per request"
+                    f" {cpu_per_k / base_cpu:.2f}x raw aiohttp flat out (not judged)"
+                )
+            for label, cpu_per_k in cpu_checks:
                 report.check(
                     f"{loop}, {label} stores: client CPU per request / raw aiohttp's",
-                    ratio,
+                    cpu_per_k / base_cpu,
                     "<=",
                     MAX_CPU_RATIO,
                     "{:.2f}",
