@@ -282,7 +282,7 @@ def _instruments(provider: MeterProvider | None) -> _Instruments:
 
 
 class _Recording(Telemetry):
-    __slots__ = ("_attributes", "global_tracer", "instruments", "server", "store", "tracer")
+    __slots__ = ("_attributes", "instruments", "server", "store", "tracer")
 
     def __init__(
         self,
@@ -295,7 +295,6 @@ class _Recording(Telemetry):
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self.instruments = instruments
         self.tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
-        self.global_tracer = tracer_provider is None
         self.store = store
         self.server: dict[str, Any] = {"server.address": parts.hostname, "server.port": port}
         self._attributes: dict[tuple[object, ...], dict[str, Any]] = {}
@@ -336,21 +335,17 @@ class _RecordingCall(Call):
         self._span: Span | None = None
 
     def __enter__(self) -> Call:
-        telemetry, request = self.telemetry, self.request
-        if telemetry.global_tracer and isinstance(
-            trace.get_tracer_provider(), trace.ProxyTracerProvider
-        ):
-            return self  # no SDK configured (yet): every span would be a no-op
+        request = self.request
         if self.kind == "page":
             name = f"asyncsubs.page {request.path}"
         else:
             name = f"asyncsubs.request {request.method}"
-        span = telemetry.tracer.start_span(name, kind=SpanKind.INTERNAL)
-        # A provider may still answer with the invalid span: then no attributes, context or
-        # attempt spans either, so that a client nobody traces pays next to nothing.
+        span = self.telemetry.tracer.start_span(name, kind=SpanKind.INTERNAL)
+        # Without an SDK this is the invalid span: no attributes, context or attempt spans
+        # then, so that a client nobody traces pays next to nothing.
         if span.get_span_context().is_valid:
             if span.is_recording():
-                span.set_attributes(telemetry.attributes(self.pool))
+                span.set_attributes(self.telemetry.attributes(self.pool))
                 span.set_attribute("http.request.method", self.method)
             self._span = span
             self._token = context.attach(trace.set_span_in_context(span))
