@@ -62,7 +62,7 @@ class MemoryPacing:
 
     def _shared(self, store: str, pool: str) -> tuple[float, _Shared]:
         loop = asyncio.get_running_loop()
-        pools = self._loops.get(loop) or self._loops.setdefault(loop, {})
+        pools = self._loops.setdefault(loop, {})
         return loop.time(), pools.get((store, pool)) or pools.setdefault((store, pool), _Shared())
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
@@ -251,7 +251,7 @@ class StoreLimiter:
                             due = now + wait
                         if wait > max_wait:
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
-                            message += f" {wait:.1f}s, longer than max_retry_after allows"
+                            message += f" {wait:.1f}s, longer than RetryPolicy.max_retry_after"
                             raise RateLimitError(message, retry_after=wait, **_NO_RESPONSE)
                         if wait > 0:
                             await asyncio.sleep(wait)
@@ -297,8 +297,10 @@ class Limiter:
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
-        if not isinstance(store, str) or not store or not isinstance(limits, Limits):
-            raise ConfigError(f"bind() takes a store name and Limits, got {store!r}, {limits!r}")
+        if not isinstance(store, str) or not store:
+            raise ConfigError(f"store must be a non-empty string, got {store!r}")
+        if not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
