@@ -20,8 +20,7 @@ MAX_SLOWDOWN = 4.0
 #: while is given back within minutes; one that stays low (40/s against 50) costs a 429 about
 #: every half minute.
 SLOWDOWN_HALF_LIFE = 120.0
-#: Samples between two recomputations of a spread (sorting 2 n samples each time).
-_RECOMPUTE_EVERY = 16
+_EVERY = 16  # samples between two recomputations of a spread (each sorts 2 n samples)
 
 
 class Jitter:
@@ -35,19 +34,14 @@ class Jitter:
         self.needed, self._fresh, self._samples = n + 1, 0, deque[float](maxlen=2 * n + 2)
         self.spread: float | None = None
 
-    def add(self, sample: float) -> bool:
-        """Record a sample; True when the spread was recomputed."""
+    def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        if len(self._samples) < self.needed or (
-            self.spread is not None and self._fresh < _RECOMPUTE_EVERY
-        ):
-            return False
-        self._fresh = 0
-        ordered = sorted(self._samples)
-        trim = len(ordered) // 100
-        self.spread = ordered[-1 - trim] - ordered[trim]
-        return True
+        if len(self._samples) >= self.needed and (self.spread is None or self._fresh >= _EVERY):
+            self._fresh = 0
+            ordered = sorted(self._samples)
+            trim = len(ordered) // 100
+            self.spread = ordered[-1 - trim] - ordered[trim]
 
 
 class Slowdown:

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import weakref
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
@@ -32,7 +32,6 @@ __all__ = ["Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot", "
 __all__ += ["default_limiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
-_NO_RESPONSE: dict[str, Any] = {"status": 429, "code": None, "server_message": None, "body": None}
 
 
 class PacingBackend(Protocol):
@@ -105,27 +104,21 @@ class Slot:
         self.due = await self._limiter._acquire(self._pool, self._max_wait)
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: object, tb: TracebackType | None
-    ) -> None:
-        limiter, p = self._limiter, self._pool
-        limiter._in_flight.release()
-        p.in_flight -= 1
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._limiter._in_flight.release()
+        self._pool.in_flight -= 1
         # An answered light request is a jitter sample (heavy pages are built after the stamp).
-        if exc_type is None and p is limiter._global:
-            now = asyncio.get_running_loop().time()
-            if p.jitter.add(now - self.due):
-                limiter._pace(p, now)
+        if exc_type is None and self._pool is self._limiter._global:
+            self._pool.jitter.add(asyncio.get_running_loop().time() - self.due)
 
 
 class StoreLimiter:
     """The limiter state of one store in one event loop; get it from :meth:`Limiter.bind`."""
 
-    def __init__(
-        self, store: str, limits: Limits, backend: PacingBackend, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self, store: str, limits: Limits, backend: PacingBackend) -> None:
         self.store, self.limits, self._backend = store, limits, backend
-        self._loop_ref = weakref.ref(loop)  # weak: the registry must not keep loops alive
+        # Weak: the registry must not keep loops alive.
+        self._loop_ref = weakref.ref(asyncio.get_running_loop())
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._pools = {name: _Pool(name, limits.rate_for(name)) for name in limits.pools}
         self._global = self._pools["global"]
@@ -192,8 +185,7 @@ class StoreLimiter:
             self._pause(self._pool(pool), seconds, 1.0)
 
     def _pause(self, p: _Pool, seconds: float, slowdown: float) -> None:
-        if (loop := self._loop_ref()) is None:
-            return
+        loop = asyncio.get_running_loop()
         if 0 < seconds < math.inf:
             p.pause_until = max(p.pause_until, loop.time() + seconds)
             logger.debug("store %r pool %r: paused for %.3fs", self.store, p.name, seconds)
@@ -211,18 +203,13 @@ class StoreLimiter:
     def _pace(self, p: _Pool, now: float) -> float:
         """The pool's interval now, with its margin and what set it."""
         limits, rate, spread = self.limits, p.server_rate or p.rate, self._global.jitter.spread
-        if spread is not None:
-            margin = min(limits.max_margin, max(limits.safety_margin, spread / rate.per))
+        if spread is None and (p is self._global or p.requests <= rate.n):
+            margin, paced_by = limits.max_margin, "start"  # until a window of samples exists
+        else:  # a store sending heavy lists only has no samples: their pool paces at the floor
+            margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"
-        elif p is not self._global and p.requests > rate.n:  # a store sending heavy lists only
-            margin, paced_by = limits.safety_margin, "floor"
-        else:
-            margin, paced_by = limits.max_margin, "start"
         slowdown = p.slowdown.value(now)
-        if slowdown > 1.001:
-            paced_by = "429"
-        elif p.server_rate is not None:
-            paced_by = "server"
+        paced_by = "429" if slowdown > 1.001 else "server" if p.server_rate else paced_by
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
             message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
@@ -252,7 +239,7 @@ class StoreLimiter:
                         if wait > max_wait:
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
                             message += f" {wait:.1f}s, longer than RetryPolicy.max_retry_after"
-                            raise RateLimitError(message, retry_after=wait, **_NO_RESPONSE)
+                            raise RateLimitError(message, retry_after=wait, status=429)
                         if wait > 0:
                             await asyncio.sleep(wait)
                         if due is not None and p.pause_until <= due:  # else claim after a pause
@@ -273,15 +260,14 @@ class StoreLimiter:
     async def _reserve(self, p: _Pool, interval: float) -> tuple[float, float]:
         try:
             wait, slowdown = await self._backend.reserve(self.store, p.name, interval)
-            valid = 0 <= wait < math.inf and 1 <= slowdown < math.inf
+            if not (0 <= wait < math.inf and 1 <= slowdown < math.inf):
+                message = f"rate limiter backend returned an invalid slot ({wait!r}, {slowdown!r})"
+                raise LimiterUnavailableError(f"{message} for store {self.store!r}")
         except AsyncSubsError:
             raise
         except Exception as exc:  # its type only: a message may hold the backend's password
             message = f"rate limiter backend failed for store {self.store!r}"
             raise LimiterUnavailableError(f"{message}: {type(exc).__name__}") from exc
-        if not valid:
-            message = f"rate limiter backend returned an invalid slot ({wait!r}, {slowdown!r})"
-            raise LimiterUnavailableError(f"{message} for store {self.store!r}")
         return wait, slowdown
 
 
@@ -304,13 +290,12 @@ class Limiter:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise ConfigError(
-                "Limiter.bind() must be called in the event loop that sends"
-            ) from None
+            message = "Limiter.bind() must be called in the event loop that sends"
+            raise ConfigError(message) from None
         with self._lock:
             stores = self._stores.setdefault(loop, {})
             if (bound := stores.get(store)) is None:
-                bound = stores[store] = StoreLimiter(store, limits, self._backend, loop)
+                bound = stores[store] = StoreLimiter(store, limits, self._backend)
         if bound.limits != limits:
             message = f"store {store!r} is already in use with other Limits ({bound.limits!r})"
             raise ConfigError(f"{message}; every client of one store must pass the same Limits")

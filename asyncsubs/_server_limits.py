@@ -1,13 +1,12 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
-Read (names lower-case, as the transport hands them over): the IETF draft's ``RateLimit-Policy:
-"p";q=40;w=1`` (``q`` requests per ``w`` seconds; other units ``qu`` are skipped) and ``RateLimit:
-"p";r=0;t=1`` (``r`` left, reset in ``t`` seconds); older drafts' ``RateLimit-Limit`` /
-``-Remaining`` / ``-Reset`` and the common ``X-RateLimit-*``, which name no window (the pool's
-own applies) and may give the reset as a Unix time. The lowest quota per second and the item
-with the fewest left win. Malformed values are ignored, never raised (a hint is advice; the 429
-and its Retry-After stay the rule), and so are quotas of 10**9 and more and durations over a
-day, which no real limit says and would stick a pool.
+Read (names lower-case): the IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per
+``w`` seconds; other units ``qu`` skipped) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in
+``t`` seconds); older drafts' ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and the common
+``X-RateLimit-*``, which name no window (the pool's own applies) and may give the reset as a
+Unix time. The lowest quota per second and the item with the fewest left win. Malformed values
+are ignored, never raised (a hint is advice; a 429 and its Retry-After stay the rule), and so
+are quotas of 10**9 and more and durations over a day, which would stick a pool.
 """
 
 from __future__ import annotations
@@ -20,16 +19,15 @@ import attrs
 
 __all__ = ["ServerLimit", "parse_server_limit"]
 
-_HUGE = 1e9  # a quota this large is no limit; a reset this large is a Unix time
-_DAY = 86_400.0
+_HUGE, _DAY = 1e9, 86_400.0  # a quota this large is no limit, a reset this large a Unix time
 _NAMES = frozenset(("ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining"))
 _NAMES |= {"x-ratelimit-limit", "x-ratelimit-remaining"}
 
 
 @attrs.frozen
 class ServerLimit:
-    """A server's announced limit: ``quota`` requests per ``window`` seconds (None: no window
-    named, the pool's own applies), and ``remaining`` of them until ``reset`` seconds from now."""
+    """``quota`` requests per ``window`` seconds (None: the pool's own), and ``remaining`` of
+    them until ``reset`` seconds from now."""
 
     quota: int | None = None
     window: float | None = None
@@ -50,11 +48,9 @@ def _items(header: str) -> list[dict[str, str]]:
     items = []
     for item in header.split(","):
         head, *parts = item.split(";")
-        params = {"q": head} if _number(head) is not None else {}
-        for part in parts:
-            key, _, value = part.partition("=")
-            params[key.strip().lower()] = value.strip().strip('"')
-        items.append(params)
+        pairs = (part.partition("=") for part in parts)
+        params = {key.strip().lower(): value.strip().strip('"') for key, _, value in pairs}
+        items.append({"q": head, **params} if _number(head) is not None else params)
     return items
 
 
@@ -96,5 +92,4 @@ def parse_server_limit(
         reset = reset if reset is not None and reset <= _DAY else None
     if quota is None and remaining is None:
         return None
-    remaining_int = None if remaining is None else int(remaining)
-    return ServerLimit(quota=quota, window=window, remaining=remaining_int, reset=reset)
+    return ServerLimit(quota, window, None if remaining is None else int(remaining), reset)
