@@ -366,20 +366,26 @@ async def raw_light_baseline(
     remote: RemoteFakeServer, store: str, requests: int, concurrency: int = 20
 ) -> CpuMeter:
     """Raw aiohttp sending the same light requests as ``hammer``, ``concurrency`` at a time, no
-    limiter (``store`` must have rate limits off): CPU per request on both sides."""
+    limiter (``store`` must have rate limits off): CPU per request on both sides. Each answer is
+    decoded with ``json.loads``, as C's raw loop does and any caller would: the subscription is
+    what a request is for."""
+    import json
+
     import aiohttp
 
     ids = subscription_ids(store, 500)
-    headers = {"X-Service-Token": remote.tokens[store]}
+    headers = {"X-Service-Token": remote.tokens[store], "Accept": "application/json"}
     base = f"{remote.api_url}subscriptions/"
     async with aiohttp.ClientSession() as session:
 
         async def worker(first: int, total: int) -> None:
             for n in range(first, total, concurrency):
                 async with session.get(f"{base}{ids[n % len(ids)]}", headers=headers) as r:
-                    await r.read()
+                    body = await r.read()
                     if r.status != 200:
                         raise RuntimeError(f"baseline request failed: HTTP {r.status}")
+                if not json.loads(body)["success"]:
+                    raise RuntimeError("baseline request failed: success false")
 
         # Warm-up: the connections, and one request per worker.
         await asyncio.gather(*(worker(k, concurrency) for k in range(concurrency)))
