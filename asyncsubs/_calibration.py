@@ -20,7 +20,8 @@ MAX_SLOWDOWN = 4.0
 #: while is given back within minutes; one that stays low (40/s against 50) costs a 429 about
 #: every half minute.
 SLOWDOWN_HALF_LIFE = 120.0
-_EVERY = 16  # samples between two recomputations of a spread (each sorts 2 n samples)
+#: Samples between two recomputations of a spread (sorting 2 n samples each time).
+_RECOMPUTE_EVERY = 16
 
 
 class Jitter:
@@ -37,7 +38,8 @@ class Jitter:
     def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        if len(self._samples) >= self.needed and (self.spread is None or self._fresh >= _EVERY):
+        recompute = self.spread is None or self._fresh >= _RECOMPUTE_EVERY
+        if len(self._samples) >= self.needed and recompute:
             self._fresh = 0
             ordered = sorted(self._samples)
             trim = len(ordered) // 100

@@ -362,6 +362,11 @@ async def warm_up(
     await asyncio.sleep(settle)
 
 
+def raw_headers(remote: RemoteFakeServer, store: str) -> dict[str, str]:
+    """What a raw aiohttp loop sends with each request: the token, and Accept as C's raw loop."""
+    return {"X-Service-Token": remote.tokens[store], "Accept": "application/json"}
+
+
 async def raw_light_baseline(
     remote: RemoteFakeServer, store: str, requests: int, concurrency: int = 20
 ) -> CpuMeter:
@@ -374,7 +379,7 @@ async def raw_light_baseline(
     import aiohttp
 
     ids = subscription_ids(store, 500)
-    headers = {"X-Service-Token": remote.tokens[store], "Accept": "application/json"}
+    headers = raw_headers(remote, store)
     base = f"{remote.api_url}subscriptions/"
     async with aiohttp.ClientSession() as session:
 

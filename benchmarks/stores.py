@@ -11,8 +11,8 @@ server.
 
 Baseline in the same run: raw aiohttp sending the same light requests (no limiter, 20 at a
 time) to the same server and decoding each answer with ``json.loads``, as C's raw loop does,
-for CPU per request and for the server's capacity; the median of
-three runs of it before a loop's rows and three after them. The target (every store >= 95% of
+for CPU per request and for the server's capacity; the median of three runs of it before a
+loop's rows and three after them. The target (every store >= 95% of
 its rate, no 429) applies until a core saturates: a row where the client or the server used
 >= 90% of a core is reported as saturated, naming the side, and is not judged; so is a row
 where the client's loop no longer runs timers on time. A probe task sleeps 5 ms over and over
@@ -65,6 +65,7 @@ from ._common import (
     loops,
     naive_tasks,
     pct,
+    raw_headers,
     raw_light_baseline,
     remote_server,
     run,
@@ -215,8 +216,7 @@ async def slept_phase(
                 admins.append(admin)
                 get = functools.partial(_get_through, admin)
             else:
-                headers = {"X-Service-Token": remote.tokens[store], "Accept": "application/json"}
-                get = functools.partial(_get_raw, session, url, headers)
+                get = functools.partial(_get_raw, session, url, raw_headers(remote, store))
             ids, next_start = subscription_ids(store, RECORDS), [loop.time()]
             coroutines += [
                 task(ids, k, tallies[store], get, next_start) for k in range(TASKS_PER_STORE)
@@ -371,14 +371,15 @@ def bench(report: Report) -> None:
                     if count in CPU_COUNTS and variant == DEFAULT:
                         cpu_checks.append((label, cpu_per_k))
             after = baselines()
-            base = sorted(bases + after, key=lambda b: b.cpu)[len(bases + after) // 2]
+            runs = bases + after
+            base = sorted(runs, key=lambda b: b.cpu)[len(runs) // 2]
             base_cpu = base.cpu / baseline_requests * 1000
 
             def per_k(runs: list[CpuMeter]) -> str:
                 return ", ".join(f"{b.cpu / baseline_requests * 1000:.3f}" for b in runs)
 
             report.say(
-                f"  [{loop}] baseline, raw aiohttp (median of {len(bases + after)} runs, CPU s"
+                f"  [{loop}] baseline, raw aiohttp (median of {len(runs)} runs, CPU s"
                 f" per 1,000: {per_k(bases)} before the rows, {per_k(after)} after):"
                 f" {baseline_requests / base.wall:,.0f} req/s (client CPU {pct(base.utilisation)},"
                 f" server CPU {pct(base.other_utilisation)}); CPU s per 1,000 requests: client"
