@@ -138,10 +138,8 @@ class StoreLimiter:
     def stats(self) -> LimiterStats:
         names = [f.name for f in attrs.fields(PoolStats)]
         pools = {n: PoolStats(*(getattr(p, f) for f in names)) for n, p in self._pools.items()}
-        in_flight = sum(p.in_flight for p in pools.values())
-        return LimiterStats(
-            self.store, MappingProxyType(pools), in_flight, self.limits.max_in_flight
-        )
+        in_flight, most = sum(p.in_flight for p in pools.values()), self.limits.max_in_flight
+        return LimiterStats(self.store, MappingProxyType(pools), in_flight, most)
 
     def record_retry(self, pool: str) -> None:
         self._pool(pool).retries += 1
@@ -149,9 +147,8 @@ class StoreLimiter:
     def rate_limited(self, slot: Slot, pause: float | None) -> None:
         """A 429 answered ``slot``'s request: count it, widen the pool's slowdown (once per
         round trip) and pause the pool for ``pause`` seconds (Retry-After)."""
-        p = slot._pool
+        p, now = slot._pool, asyncio.get_running_loop().time()
         p.rate_limited += 1
-        now = asyncio.get_running_loop().time()
         if slot.due > p.slowdown.widened_at:  # else sent before the last widening
             rate = p.server_rate or p.rate
             since = max(p.run_start, slot.due - rate.per)
@@ -160,7 +157,7 @@ class StoreLimiter:
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
-        self._pause(p, pause or 0.0, p.slowdown.value(now))
+        self.pause(p.name, pause or 0.0, p.slowdown.value(now))
 
     def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (any, with
@@ -176,21 +173,19 @@ class StoreLimiter:
             p.jitter.needed = min(p.jitter.needed, (p.server_rate or p.rate).n + 1)
         covered = p.server_rate is not None and (limit.reset or 0) <= p.server_rate.per
         if limit.remaining == 0 and limit.reset and hold and not covered:
-            self._pause(p, limit.reset, 1.0)
+            self.pause(pool, limit.reset)
 
-    def pause(self, pool: str, seconds: float) -> None:
-        """Hold ``pool`` for ``seconds`` from now, in every process sharing the backend (never
-        shortening a pause in force; values not positive and finite are ignored)."""
-        if 0 < seconds < math.inf:
-            self._pause(self._pool(pool), seconds, 1.0)
-
-    def _pause(self, p: _Pool, seconds: float, slowdown: float) -> None:
-        loop = asyncio.get_running_loop()
-        if 0 < seconds < math.inf:
+    def pause(self, pool: str, seconds: float, slowdown: float = 1.0) -> None:
+        """Hold ``pool`` for ``seconds`` from now (never shortening a pause in force; seconds not
+        positive and finite hold nothing) and raise its slowdown to at least ``slowdown``, in
+        every process sharing the backend."""
+        p, loop = self._pool(pool), asyncio.get_running_loop()
+        seconds = seconds if 0 < seconds < math.inf else 0.0
+        p.slowdown.set(loop.time(), slowdown)
+        if seconds:
             p.pause_until = max(p.pause_until, loop.time() + seconds)
-            logger.debug("store %r pool %r: paused for %.3fs", self.store, p.name, seconds)
-        share = self._backend.pause(self.store, p.name, max(0.0, seconds), slowdown)
-        task = loop.create_task(share)
+            logger.debug("store %r pool %r: paused for %.3fs", self.store, pool, seconds)
+        task = loop.create_task(self._backend.pause(self.store, pool, seconds, slowdown))
         self._background.add(task)
         task.add_done_callback(self._shared_pause)
 

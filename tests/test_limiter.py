@@ -661,6 +661,17 @@ async def test_after_a_pause_a_429_counts_no_quota(clock: VirtualClock) -> None:
     assert sl.stats().pools["global"].interval == pytest.approx(0.1 * (1 + SLOWDOWN_STEP))
 
 
+async def test_a_pause_of_no_time_raises_the_slowdown_only(clock: VirtualClock) -> None:
+    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl.pause("global", 0.0, 2.0)
+    await settle()  # the backend call runs in the background
+    starts: list[float] = []
+    t0 = clock.now
+    await asyncio.gather(*spawn(3, sl, "global", starts))
+    assert starts == pytest.approx([t0, t0 + 0.2, t0 + 0.4])  # no hold, twice the interval
+    assert sl.stats().pools["global"].paced_by == "429"
+
+
 async def test_the_slowdown_decays_by_half_in_a_half_life(clock: VirtualClock) -> None:
     slowdown = Slowdown()
     assert slowdown.widen(100.0, 1.5) == 1.5
