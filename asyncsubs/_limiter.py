@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import weakref
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -273,7 +272,7 @@ class Limiter:
 
     def __init__(self, backend: PacingBackend) -> None:
         self._backend = backend
-        self._lock = threading.Lock()  # bind() is sync and may run in several threads' loops
+        # A loop's dict is only touched from the thread that runs the loop: no lock.
         self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
@@ -287,10 +286,9 @@ class Limiter:
         except RuntimeError:
             message = "Limiter.bind() must be called in the event loop that sends"
             raise ConfigError(message) from None
-        with self._lock:
-            stores = self._stores.setdefault(loop, {})
-            if (bound := stores.get(store)) is None:
-                bound = stores[store] = StoreLimiter(store, limits, self._backend)
+        stores = self._stores.setdefault(loop, {})
+        if (bound := stores.get(store)) is None:
+            bound = stores[store] = StoreLimiter(store, limits, self._backend)
         if bound.limits != limits:
             message = f"store {store!r} is already in use with other Limits ({bound.limits!r})"
             raise ConfigError(f"{message}; every client of one store must pass the same Limits")
