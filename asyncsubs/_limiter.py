@@ -179,6 +179,8 @@ class StoreLimiter:
         positive and finite hold nothing) and raise its slowdown to at least ``slowdown``, in
         every process sharing the backend."""
         p, loop = self._pool(pool), asyncio.get_running_loop()
+        if not 1.0 <= slowdown < math.inf:  # else a pool would stall, or NaN reach the backend
+            raise ConfigError(f"slowdown must be a finite factor >= 1, got {slowdown!r}")
         seconds = seconds if 0 < seconds < math.inf else 0.0
         p.slowdown.set(loop.time(), slowdown)
         if seconds:

@@ -672,6 +672,16 @@ async def test_a_pause_of_no_time_raises_the_slowdown_only(clock: VirtualClock) 
     assert sl.stats().pools["global"].paced_by == "429"
 
 
+async def test_a_pause_refuses_a_slowdown_that_is_no_factor(clock: VirtualClock) -> None:
+    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    for slowdown in (0.5, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="slowdown must be a finite factor >= 1"):
+            sl.pause("global", 1.0, slowdown)
+    starts: list[float] = []
+    await request(sl, "global", starts)
+    assert starts == [clock.now]  # nothing was held
+
+
 async def test_the_slowdown_decays_by_half_in_a_half_life(clock: VirtualClock) -> None:
     slowdown = Slowdown()
     assert slowdown.widen(100.0, 1.5) == 1.5
