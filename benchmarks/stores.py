@@ -120,9 +120,10 @@ SLEPT_INTERVAL = RATE.interval * 1.05
 def store_names(
     loop: str, count: int, variant: str = DEFAULT, pair: int | None = None
 ) -> list[str]:
-    tag = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive", SLEPT_RAW: "-sr", SLEPT_CLIENT: "-sc"}
-    tag[DEFAULT] = "" if pair is None else f"-cpu{pair}"
-    return [f"g-{loop}-{count}{tag[variant]}-{i:03d}" for i in range(count)]
+    """Fresh stores of one row; ``pair`` numbers the CPU pairs' reruns of a row."""
+    tags = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive", SLEPT_RAW: "-sr", SLEPT_CLIENT: "-sc"}
+    tag = tags[variant] + ("" if pair is None else f"-cpu{pair}")
+    return [f"g-{loop}-{count}{tag}-{i:03d}" for i in range(count)]
 
 
 async def phase(
@@ -296,10 +297,10 @@ def bench(report: Report) -> None:
         )
         for loop in loops():
 
-            def baselines(loop: str = loop) -> list[CpuMeter]:
+            def baselines(count: int = BASELINE_RUNS, loop: str = loop) -> list[CpuMeter]:
                 return [
                     run(lambda: raw_light_baseline(remote, BASELINE_STORE, baseline_requests), loop)
-                    for _ in range(BASELINE_RUNS)
+                    for _ in range(count)
                 ]
 
             # Runs before and after the rows, and their median: one 3-second run moved by a
@@ -386,10 +387,7 @@ def bench(report: Report) -> None:
             for count in CPU_COUNTS:
                 pair_ratios = []
                 for k in range(pairs):
-                    raw = run(
-                        lambda: raw_light_baseline(remote, BASELINE_STORE, baseline_requests),
-                        loop,
-                    )
+                    (raw,) = baselines(1)
                     fresh = store_names(loop, count, pair=k)
                     paired = run(lambda s=fresh: phase(remote, s, seconds), loop)  # type: ignore[misc]
                     ok = sum(t.ok for t in paired["tallies"].values())
