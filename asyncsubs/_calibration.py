@@ -32,16 +32,15 @@ class Jitter:
     __slots__ = ("_fresh", "_samples", "needed", "spread")
 
     def __init__(self, n: int) -> None:
-        self.needed, self._fresh, self._samples = n + 1, 0, deque[float](maxlen=2 * n + 2)
+        self.needed, self._samples = n + 1, deque[float](maxlen=2 * n + 2)
+        self._fresh = _RECOMPUTE_EVERY  # the first spread as soon as ``needed`` samples exist
         self.spread: float | None = None
 
     def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        recompute = self.spread is None or self._fresh >= _RECOMPUTE_EVERY
-        if len(self._samples) >= self.needed and recompute:
-            self._fresh = 0
-            ordered = sorted(self._samples)
+        if self._fresh >= _RECOMPUTE_EVERY and len(self._samples) >= self.needed:
+            self._fresh, ordered = 0, sorted(self._samples)
             trim = len(ordered) // 100
             self.spread = ordered[-1 - trim] - ordered[trim]
 
@@ -57,16 +56,13 @@ class Slowdown:
         self._excess, self._at, self.widened_at = 0.0, 0.0, -math.inf
 
     def value(self, now: float) -> float:
-        if not self._excess:
-            return 1.0
-        decay: float = 0.5 ** (max(0.0, now - self._at) / SLOWDOWN_HALF_LIFE)
-        return 1.0 + self._excess * decay
+        return 1.0 + self._excess * math.pow(0.5, max(0.0, now - self._at) / SLOWDOWN_HALF_LIFE)
 
     def widen(self, now: float, target: float) -> float:
         """After a 429: at least one step slower, and at least ``target``; the new factor."""
-        self.set(now, min(MAX_SLOWDOWN, max(self.value(now) * (1 + SLOWDOWN_STEP), target)))
-        self.widened_at = now
-        return self.value(now)
+        factor = min(MAX_SLOWDOWN, max(self.value(now) * (1 + SLOWDOWN_STEP), target))
+        self._excess, self._at, self.widened_at = factor - 1.0, now, now
+        return factor
 
     def set(self, now: float, factor: float) -> None:
         """Adopt ``factor`` (from another process) if it is larger than the current value."""

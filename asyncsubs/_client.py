@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import aiohttp
 
 from ._config import Limits, RetryPolicy, positive_int, positive_number
-from ._limiter import Limiter, Slot, StoreLimiter, default_limiter
+from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
 from ._protocol import (
@@ -185,7 +185,7 @@ class AdminClient:
 
     def _bound_limiter(self) -> StoreLimiter:
         if self._store_limiter is None:
-            limiter = default_limiter() if self._limiter is None else self._limiter
+            limiter = DEFAULT_LIMITER if self._limiter is None else self._limiter
             self._store_limiter = limiter.bind(self.store, self.limits)
             self._telemetry.observe(self._store_limiter)
         return self._store_limiter

@@ -27,8 +27,8 @@ from ._server_limits import ServerLimit
 from ._stats import LimiterStats, PoolStats
 from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
 
-__all__ = ["Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
-__all__ += ["default_limiter"]
+__all__ = ["DEFAULT_LIMITER", "Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot"]
+__all__ += ["StoreLimiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
 
@@ -169,7 +169,6 @@ class StoreLimiter:
             announced = Rate(limit.quota, per=limit.window or p.rate.per)
             lower = announced.per_second < p.rate.per_second
             p.server_rate = announced if lower or mode == "follow" else None
-            p.jitter.needed = min(p.jitter.needed, (p.server_rate or p.rate).n + 1)
         covered = p.server_rate is not None and (limit.reset or 0) <= p.server_rate.per
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
@@ -286,8 +285,7 @@ class Limiter:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            message = "Limiter.bind() must be called in the event loop that sends"
-            raise ConfigError(message) from None
+            raise ConfigError("Limiter.bind() must run in the event loop that sends") from None
         stores = self._stores.setdefault(loop, {})
         if (bound := stores.get(store)) is None:
             bound = stores[store] = StoreLimiter(store, limits, self._backend)
@@ -304,9 +302,5 @@ class LocalLimiter(Limiter):
         super().__init__(MemoryPacing())
 
 
-_default = LocalLimiter()
-
-
-def default_limiter() -> LocalLimiter:
-    """The process-wide limiter of ``AdminClient(limiter=None)`` (its state kept per loop)."""
-    return _default
+#: The process-wide limiter of ``AdminClient(limiter=None)`` (its state kept per loop).
+DEFAULT_LIMITER = LocalLimiter()

@@ -77,19 +77,15 @@ def parse_server_limit(
     def older(name: str) -> str:  # older drafts' RateLimit-* or the common X-RateLimit-*
         return headers.get(f"ratelimit-{name}") or headers.get(f"x-ratelimit-{name}") or ""
 
-    quota, window = _policy(headers.get("ratelimit-policy", ""))
-    if quota is None:  # "RateLimit-Limit: 100, 100;w=60" (older drafts): quota, then policies
-        quota, window = _policy(older("limit"))
+    # Older drafts' "RateLimit-Limit: 100, 100;w=60" reads as the quota, then policies.
+    quota, window = _policy(headers.get("ratelimit-policy") or older("limit"))
     items = [i for i in _items(headers.get("ratelimit", "")) if _number(i.get("r")) is not None]
     current = min(items, key=lambda i: _number(i["r"]) or 0.0) if items else {}
-    remaining = _number(current.get("r"))
-    remaining = _number(older("remaining")) if remaining is None else remaining
-    reset = _number(current.get("t"), _DAY)
-    if reset is None:
-        reset = _number(older("reset"))
-        if reset is not None and reset >= _HUGE:  # a Unix time
-            reset = max(0.0, reset - (time.time() if now is None else now))
-        reset = reset if reset is not None and reset <= _DAY else None
+    remaining = _number(current.get("r") or older("remaining"))
+    reset = _number(current.get("t") or older("reset"))
+    if reset is not None and reset >= _HUGE:  # a Unix time
+        reset = max(0.0, reset - (time.time() if now is None else now))
+    reset = reset if reset is not None and reset <= _DAY else None
     if quota is None and remaining is None:
         return None
     return ServerLimit(quota, window, None if remaining is None else int(remaining), reset)

@@ -25,7 +25,7 @@ from virtual_clock import VirtualClock
 from asyncsubs import AdminClient
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, SLOWDOWN_STEP, Jitter, Slowdown
 from asyncsubs._config import Limits, Rate
-from asyncsubs._limiter import default_limiter
+from asyncsubs._limiter import DEFAULT_LIMITER
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
@@ -827,14 +827,13 @@ def test_bind_needs_a_running_loop() -> None:
 
 
 async def test_default_limiter_is_shared_per_loop(clock: VirtualClock) -> None:
-    assert default_limiter() is default_limiter()
-    here = default_limiter().bind("acme", limits())
-    assert default_limiter().bind("acme", limits()) is here
+    here = DEFAULT_LIMITER.bind("acme", limits())
+    assert DEFAULT_LIMITER.bind("acme", limits()) is here
 
     elsewhere: list[StoreLimiter] = []
 
     async def bind_in_other_loop() -> None:
-        elsewhere.append(default_limiter().bind("acme", limits()))
+        elsewhere.append(DEFAULT_LIMITER.bind("acme", limits()))
 
     thread = threading.Thread(target=asyncio.run, args=(bind_in_other_loop(),))
     thread.start()
