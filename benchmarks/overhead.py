@@ -159,7 +159,7 @@ class Instant:
         pass
 
 
-TELEMETRY = {
+TELEMETRY: dict[str, Callable[[], dict[str, Any]]] = {
     "telemetry=False": lambda: {"telemetry": False},
     "API, no SDK configured": dict,
     "SDK configured": sdk_providers,

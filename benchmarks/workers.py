@@ -38,7 +38,7 @@ RESOURCES = ("subscriptions", "customers", "orders")
 HEAVY_RATE = 2.0  # the fake server's default per heavy pool and store
 
 
-def _config(path: Path, base_url: str, stores: list[str], page_size: int) -> dict[str, str]:
+def _config(path: Path, base_url: str, stores: list[str], page_size: int) -> None:
     lines = [
         "[defaults]",
         f"page_size = {page_size}",
@@ -46,11 +46,9 @@ def _config(path: Path, base_url: str, stores: list[str], page_size: int) -> dic
         'global = "50/s"',
         'heavy = { subscriptions = "2/s", customers = "2/s", orders = "2/s" }',
     ]
-    env = {}
     for i, store in enumerate(stores):
         lines += [f'[stores."{store}"]', f'base_url = "{base_url}"', f'token_env = "T{i}"']
     path.write_text("\n".join(lines) + "\n")
-    return env
 
 
 def _query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
