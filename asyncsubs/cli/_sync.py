@@ -38,6 +38,7 @@ from typing import Any, Final, Protocol, TypeVar
 import attrs
 
 from .. import AdminClient
+from .._sqlite import connect_sqlite
 from ..errors import AsyncSubsError, BadRequestError, ConfigError, ProtocolError
 from ..limiting import Limiter
 from ._config_file import RESOURCES, Incremental, StoreConfig
@@ -327,16 +328,10 @@ class SyncDB:
         await self._run(self._open)
 
     def _open(self) -> None:
-        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below, so a
-        # page and its cursor are committed together. Used from self._thread only.
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below, so a page and its
+        # cursor are committed together. Used from self._thread only.
+        conn = connect_sqlite(self.path)
         try:
-            # Up to 10 s for another writer's commit (--listen's webhook stores share the file).
-            conn.execute("PRAGMA busy_timeout = 10000")
-            # Readers (the webhook stores, the summary's count) and the writer do not block.
-            conn.execute("PRAGMA journal_mode = WAL")
-            # With WAL, a commit survives the process being killed (power loss may undo it).
-            conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             for resource in RESOURCES:
                 conn.execute(_table_sql(resource))

@@ -10,29 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, TypeVar
 
+from .._sqlite import connect_sqlite
 from ..errors import ConfigError
 
 __all__ = ["SQLiteTable"]
 
 T = TypeVar("T")
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _connect(path: str | Path) -> sqlite3.Connection:
-    """A connection of its own in autocommit mode (transactions are explicit, ``BEGIN
-    IMMEDIATE``), usable from the table's thread."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        # Up to 10 s for another writer's commit: the file may be the sync database, in use.
-        conn.execute("PRAGMA busy_timeout = 10000")
-        # Deliveries are read (the inbox replayed, dead letters listed) while others are written.
-        conn.execute("PRAGMA journal_mode = WAL")
-        # With WAL, a commit survives the process being killed (power loss may undo it).
-        conn.execute("PRAGMA synchronous = NORMAL")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 class SQLiteTable:
@@ -70,7 +54,7 @@ class SQLiteTable:
             if isinstance(self._target, sqlite3.Connection):
                 conn = self._target
             else:
-                conn = _connect(self._target)
+                conn = connect_sqlite(self._target)
             self._create(conn)
             if conn.in_transaction:
                 conn.commit()
