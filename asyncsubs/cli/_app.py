@@ -26,6 +26,7 @@ import attrs
 import orjson
 
 from .. import AdminClient, Limits, Rate, RetryPolicy, __version__
+from .._protocol import DEFAULT_VERSION
 from ..errors import AsyncSubsError, ConfigError
 from ._checkpoint import PullCheckpoint
 from ._config_file import (
@@ -242,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument(
         "--api-version",
         metavar="V",
-        help="the interface version in the path (default: the one the library implements)",
+        default=DEFAULT_VERSION,
+        help="the interface version in the path (default: %(default)s, the one implemented)",
     )
     pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
     pull.add_argument(
@@ -358,9 +360,8 @@ def _client(args: argparse.Namespace) -> AdminClient:
         "retry": RetryPolicy(max_attempts=args.max_attempts),
         "allow_insecure": args.allow_insecure,
         "user_agent": "asyncsubs-cli",
+        "version": args.api_version,
     }
-    if args.api_version is not None:
-        settings["version"] = args.api_version
     return check_client(settings, insecure_hint="or --allow-insecure")
 
 

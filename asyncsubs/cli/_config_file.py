@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from .. import AdminClient, Limits, Rate, RetryPolicy
+from .._protocol import DEFAULT_VERSION
 from ..errors import ConfigError
 
 __all__ = [
@@ -103,8 +104,8 @@ class StoreConfig:
     limits: Limits = attrs.Factory(Limits)
     retry: RetryPolicy = attrs.Factory(RetryPolicy)
     timeout: float = 30.0
-    #: The interface version in the path; None: the client's default.
-    version: str | None = None
+    #: The interface version in the path.
+    version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     incremental: Mapping[str, Incremental] = attrs.Factory(dict)
     #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
@@ -468,7 +469,7 @@ def _store(
     for key in ("base_url", "token_env"):
         if key not in table:
             problems.add(where, f"{key} is required")
-    version = values.get("version")  # None: the client's default (or reported as wrong)
+    version = values.get("version", DEFAULT_VERSION)  # (a wrong one is reported, and left out)
     allow_insecure = values.get("allow_insecure", False)
     base_url = values.get("base_url", "")
     if base_url:
@@ -476,7 +477,7 @@ def _store(
             _check_setting(
                 base_url=base_url,
                 allow_insecure=allow_insecure,
-                **({} if version is None else {"version": version}),
+                version=version,
             )
         except ConfigError as exc:
             problems.add(origin("base_url"), str(exc))

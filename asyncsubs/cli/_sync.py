@@ -566,7 +566,6 @@ def make_client(config: StoreConfig, limiters: Mapping[str, Limiter] | None = No
     """The client of one store; ``limiters``: by Redis URL, the limiter of stores configured
     to pace through that Redis (``StoreConfig.redis``)."""
     limiter = None if config.redis is None or limiters is None else limiters[config.redis]
-    version: dict[str, Any] = {} if config.version is None else {"version": config.version}
     return AdminClient(
         token=config.token,
         base_url=config.base_url,
@@ -577,7 +576,7 @@ def make_client(config: StoreConfig, limiters: Mapping[str, Limiter] | None = No
         allow_insecure=config.allow_insecure,
         user_agent="asyncsubs-cli",
         limiter=limiter,
-        **version,
+        version=config.version,
     )
 
 
