@@ -20,14 +20,16 @@ MAX_SLOWDOWN = 4.0
 #: while is given back within minutes; one that stays low (40/s against 50) costs a 429 about
 #: every half minute.
 SLOWDOWN_HALF_LIFE = 120.0
-#: Samples between two recomputations of a spread (sorting 2 n samples each time).
+#: Samples between two recomputations of a spread (a pass over 2 n samples each time).
 _RECOMPUTE_EVERY = 16
 
 
 class Jitter:
     """The last ``2 n`` ``answered - due`` samples of a pool's light requests (the server
-    stamped each somewhere in that span) and their spread in seconds, the 99th less the 1st
-    percentile: None until ``needed`` samples exist."""
+    stamped each somewhere in that span) and their spread in seconds, the largest less the
+    smallest: None until ``needed`` samples exist. The largest is no outlier to trim: a server
+    that stalls stamps the requests it held at once, and they overflow a later window unless
+    the margin covers the stall."""
 
     __slots__ = ("_fresh", "_samples", "needed", "spread")
 
@@ -40,9 +42,7 @@ class Jitter:
         self._samples.append(sample)
         self._fresh += 1
         if self._fresh >= _RECOMPUTE_EVERY and len(self._samples) >= self.needed:
-            self._fresh, ordered = 0, sorted(self._samples)
-            trim = len(ordered) // 100
-            self.spread = ordered[-1 - trim] - ordered[trim]
+            self._fresh, self.spread = 0, max(self._samples) - min(self._samples)
 
 
 class Slowdown:

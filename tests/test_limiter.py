@@ -515,23 +515,24 @@ async def test_cancel_after_being_granted_a_place_passes_it_on(clock: VirtualClo
 # The measured margin
 
 
-def test_jitter_spread_waits_for_a_window_then_trims_the_tails() -> None:
+def test_jitter_spread_waits_for_a_window_then_covers_every_sample_in_it() -> None:
     jitter = Jitter(50)
     for i in range(50):
         jitter.add(0.010 + (i % 11) * 0.001)
         assert jitter.spread is None
     jitter.add(0.020)  # the 51st sample: a spread at last
     assert jitter.spread == pytest.approx(0.010)
-    # 102 samples kept (2 n + 2); with one outlier among them, the 1% trim drops it.
-    for _ in range(101):
-        jitter.add(0.015)
-    jitter.add(0.500)
-    for _ in range(16):
+    # 102 samples kept (2 n + 2); one answer held by a stall counts while it is among them.
+    for _ in range(7 * 16):  # recomputed every 16 samples
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.0)
-    for _ in range(16):  # a second one is kept: two of a hundred is more than a stray
-        jitter.add(0.500)
+    jitter.add(0.500)
+    for _ in range(15 + 5 * 16):  # 95 newer samples: the stalled one is still in the window
+        jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.485)
+    for _ in range(16):  # pushed out of the window: forgotten at the next recomputation
+        jitter.add(0.015)
+    assert jitter.spread == pytest.approx(0.0)
 
 
 async def run_with_holds(sl: StoreLimiter, pool: str, holds: list[float]) -> None:
@@ -561,7 +562,7 @@ async def test_a_pool_starts_at_the_cap(clock: VirtualClock) -> None:
 async def test_the_margin_follows_the_spread_of_answers(clock: VirtualClock) -> None:
     sl = LocalLimiter().bind("acme", calibrating())
     rng = random.Random(1)
-    # Answers 20-80 ms after their slot: a spread of ~0.054 s (trimmed) over per = 1 s.
+    # Answers 20-80 ms after their slot: a spread of ~0.055 s over per = 1 s.
     await run_with_holds(sl, "global", [rng.uniform(0.02, 0.08) for _ in range(40)])
     g = sl.stats().pools["global"]
     assert g.paced_by == "jitter"
