@@ -79,13 +79,12 @@ class _Pool:
     """One (store, pool) in this process; the counters are named as PoolStats' fields."""
 
     def __init__(self, name: str, rate: Rate) -> None:
-        self.name, self.rate = name, rate
+        self.name, self.rate, self.paced_by = name, rate, "start"
         self.server_rate: Rate | None = None  # a lower rate the server announced
         self.turn = asyncio.Lock()  # FIFO without barging, as Python 3.11's locks are
         self.jitter, self.slowdown = Jitter(rate.n), Slowdown()
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
-        self.paced_by = "start"
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
 
 
@@ -116,8 +115,7 @@ class StoreLimiter:
 
     def __init__(self, store: str, limits: Limits, backend: PacingBackend) -> None:
         self.store, self.limits, self._backend = store, limits, backend
-        # Weak: the registry must not keep loops alive.
-        self._loop_ref = weakref.ref(asyncio.get_running_loop())
+        self._loop_ref = weakref.ref(asyncio.get_running_loop())  # weak: not keeping it alive
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._pools = {name: _Pool(name, limits.rate_for(name)) for name in limits.pools}
         self._global = self._pools["global"]
@@ -225,19 +223,15 @@ class StoreLimiter:
                 try:
                     while True:
                         now = loop.time()
-                        wait, due = p.pause_until - now, None  # this process's view of a pause
-                        if wait <= 0:
-                            wait, slowdown = await self._reserve(p, self._pace(p, now))
-                            now = loop.time()
-                            p.slowdown.set(now, slowdown)
-                            due = now + wait
-                        if wait > max_wait:
+                        held = now < p.pause_until  # this process's view of a pause
+                        due = p.pause_until if held else await self._reserve(p, now)
+                        if (wait := due - loop.time()) > max_wait:
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
                             message += f" {wait:.1f}s, longer than RetryPolicy.max_retry_after"
                             raise RateLimitError(message, retry_after=wait, status=429)
                         if wait > 0:
                             await asyncio.sleep(wait)
-                        if due is not None and p.pause_until <= due:  # else claim after a pause
+                        if not held and p.pause_until <= due:  # else claim after a pause
                             break
                 except BaseException:
                     self._in_flight.release()
@@ -252,9 +246,10 @@ class StoreLimiter:
         p.wait_seconds += due - queued_at
         return due
 
-    async def _reserve(self, p: _Pool, interval: float) -> tuple[float, float]:
+    async def _reserve(self, p: _Pool, now: float) -> float:
+        """Claim the pool's next start from the backend: the loop time it is due."""
         try:
-            wait, slowdown = await self._backend.reserve(self.store, p.name, interval)
+            wait, slowdown = await self._backend.reserve(self.store, p.name, self._pace(p, now))
             if not (0 <= wait < math.inf and 1 <= slowdown < math.inf):
                 message = f"rate limiter backend returned an invalid slot ({wait!r}, {slowdown!r})"
                 raise LimiterUnavailableError(f"{message} for store {self.store!r}")
@@ -263,7 +258,9 @@ class StoreLimiter:
         except Exception as exc:  # its type only: a message may hold the backend's password
             message = f"rate limiter backend failed for store {self.store!r}"
             raise LimiterUnavailableError(f"{message}: {type(exc).__name__}") from exc
-        return wait, slowdown
+        now = asyncio.get_running_loop().time()
+        p.slowdown.set(now, slowdown)
+        return now + wait
 
 
 class Limiter:

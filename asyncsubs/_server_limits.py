@@ -26,8 +26,7 @@ _NAMES |= {"x-ratelimit-limit", "x-ratelimit-remaining"}
 
 @attrs.frozen
 class ServerLimit:
-    """``quota`` requests per ``window`` seconds (None: the pool's own), and ``remaining`` of
-    them until ``reset`` seconds from now."""
+    """``quota`` requests per ``window`` s (None: the pool's own); ``remaining`` until ``reset``."""
 
     quota: int | None = None
     window: float | None = None
@@ -56,15 +55,14 @@ def _items(header: str) -> list[dict[str, str]]:
 
 def _policy(header: str) -> tuple[int | None, float | None]:
     """The lowest request quota per second of a list of policies, and its window if named."""
-    quota: int | None = None
-    window: float | None = None
+    best: tuple[int | None, float | None] = (None, None)
     for params in _items(header):
         q, w = _number(params.get("q"), _HUGE - 1), _number(params.get("w", "1"), _DAY)
         if params.get("qu", "requests") != "requests" or not q or q < 1 or not w:
             continue  # a quota of bytes or of "content" says nothing about request starts
-        if quota is None or q / w < quota / (window or 1.0):
-            quota, window = int(q), (w if "w" in params else None)
-    return quota, window
+        if best[0] is None or q / w < best[0] / (best[1] or 1.0):
+            best = int(q), (w if "w" in params else None)
+    return best
 
 
 def parse_server_limit(
