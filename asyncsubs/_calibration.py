@@ -31,18 +31,21 @@ class Jitter:
     that stalls stamps the requests it held at once, and they overflow a later window unless
     the margin covers the stall."""
 
-    __slots__ = ("_fresh", "_samples", "needed", "spread")
+    __slots__ = ("_fresh", "_samples", "_top", "needed", "spread")
 
     def __init__(self, n: int) -> None:
         self.needed, self._samples = n + 1, deque[float](maxlen=2 * n + 2)
-        self._fresh = _RECOMPUTE_EVERY  # the first spread as soon as ``needed`` samples exist
+        self._fresh, self._top = _RECOMPUTE_EVERY, math.inf  # the first spread at ``needed``
         self.spread: float | None = None
 
     def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        if self._fresh >= _RECOMPUTE_EVERY and len(self._samples) >= self.needed:
-            self._fresh, self.spread = 0, max(self._samples) - min(self._samples)
+        # A new largest sample counts at once: a stall's late stamps overflow a window soon.
+        due = self._fresh >= _RECOMPUTE_EVERY or sample > self._top
+        if due and len(self._samples) >= self.needed:
+            self._fresh, self._top = 0, max(self._samples)
+            self.spread = self._top - min(self._samples)
 
 
 class Slowdown:

@@ -18,6 +18,10 @@ what the server allows; 429s are counted by the client at the row's mark and at 
 4. Heavy pool: 2/s enforced and configured, pages built in 100-800 ms after the stamp (the
    server's outbound latency), three pulls at once, no inbound delay, 30 s. Target: >= 0.97
    of 2/s, no 429.
+5. Stalls: a server that stamps nothing for 40 ms every 5 s, then stamps what it held at once
+   (a collector pause, a process descheduled), sliding window, 20 stores, 30 s. Printed, not
+   judged: the late stamps overflow a window a second later unless the margin has grown by
+   then; the row shows how often that still happens.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ DELAYS: Sequence[tuple[str, Any, float]] = (
     ("20-60 ms", (0.020, 0.060), 0.93),
 )
 WINDOWS: tuple[Window, ...] = ("sliding", "fixed", "leaky")
+#: H.5: a server that stamps nothing for 40 ms every 5 s, then what it held at once.
+STALLS = (5.0, 0.040)
 
 
 def heavy_map(rate: Rate) -> dict[str, Rate]:
@@ -244,3 +250,20 @@ def bench(report: Report) -> None:
     )
     report.check("H.4 heavy pages: rate", f["min"], ">=", 0.97)
     report.check("H.4 heavy pages: 429s", f["early"] + f["late"], "<=", 0, "{:.0f}")
+    f = row(
+        report,
+        "stalls of 40 ms every 5 s x20",
+        server={
+            "latency": LATENCY,
+            "stalls": STALLS,
+            "rate_limits": ServerRateLimits(global_rate=RATE),
+        },
+        stores=20,
+        seconds=seconds,
+        mark=min(10.0, seconds / 2),
+        allowed=RATE.per_second,
+    )
+    report.say(
+        f"  info  H.5 stalls: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most 429s a"
+        f" store drew: {f['early']:.0f} in the first 10 s, {f['late']:.0f} after (not judged)"
+    )

@@ -840,6 +840,32 @@ def test_inbound_delay_is_validated(delay: Any) -> None:
     assert server.inbound_delay == (0.0, 0.02)
 
 
+async def test_a_stall_stamps_what_arrived_during_it_at_its_end(
+    session: aiohttp.ClientSession,
+) -> None:
+    """Stalls follow the loop clock: requests sent just after one begins are stamped (logged,
+    counted by the limiter) together when it ends."""
+    every, length = 0.5, 0.3
+    loop = asyncio.get_running_loop()
+    async with FakeAdminServer(stores=["acme"], stalls=(every, length)) as server:
+        begins = (loop.time() // every + 1) * every
+        await asyncio.sleep(begins + 0.01 - loop.time())  # the stall's phase, not a hand-over
+        sent = loop.time()
+        replies = await asyncio.gather(*(call(session, server, f"orders/{i}") for i in (1, 2)))
+        stamps = [record.time for record in list(server.requests)[-2:]]
+        starts = server.stats("acme").pool("global").starts
+    assert sent < begins + length  # else this run could not send inside the stall
+    assert [reply.status for reply in replies] == [404, 404]
+    assert min(stamps) >= begins + length - 1e-6
+    assert sorted(starts) == sorted(stamps)
+
+
+@pytest.mark.parametrize("stalls", [(0.1, 0.1), (0.1, 0.0), (0.1, 0.2), (float("inf"), 1.0)])
+def test_stalls_are_validated(stalls: tuple[float, float]) -> None:
+    with pytest.raises(ValueError, match="stalls"):
+        FakeAdminServer(stalls=stalls)
+
+
 async def test_fixture_by_name(
     fake_admin_server: FakeAdminServer, session: aiohttp.ClientSession
 ) -> None:

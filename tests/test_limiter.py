@@ -526,8 +526,9 @@ def test_jitter_spread_waits_for_a_window_then_covers_every_sample_in_it() -> No
     for _ in range(7 * 16):  # recomputed every 16 samples
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.0)
-    jitter.add(0.500)
-    for _ in range(15 + 5 * 16):  # 95 newer samples: the stalled one is still in the window
+    jitter.add(0.500)  # a new largest sample counts at once, not at the next recomputation
+    assert jitter.spread == pytest.approx(0.485)
+    for _ in range(6 * 16):  # 96 newer samples: the stalled one is still in the window
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.485)
     for _ in range(16):  # pushed out of the window: forgotten at the next recomputation

@@ -2,7 +2,8 @@
 
 Request pipeline (one catch-all route, so every answer uses the service's error envelope):
 
-0. ``inbound_delay`` (an auth step or proxy queue in front of the limiter), then the stamp
+0. ``inbound_delay`` (an auth step or proxy queue in front of the limiter), the end of a stall
+   (``stalls``) if one is under way, then the stamp
 1. path outside ``/admin/{version}/`` -> 404 NOT_FOUND
 2. ``X-Service-Token`` missing/unknown -> 401 UNAUTHORIZED; forbidden path prefix -> 403
 3. a matching scripted response (``enqueue``/``redirect``) is sent as is (no rate limiting)
@@ -168,6 +169,9 @@ class FakeAdminServer:
     - ``inbound_delay``: seconds between a request's arrival and its rate-limit stamp, fixed
       or ``(min, max)``: the auth step, database lookup or proxy queue that real servers have
       in front of their limiter, which makes requests sent evenly reach it unevenly.
+    - ``stalls``: ``(every, length)`` seconds: every ``every`` s of the loop clock the server
+      stamps nothing for ``length`` s, then stamps what arrived meanwhile at once (a collector
+      pause, or a process descheduled on a busy host); None for none.
     - ``rate_limits``: default per-store limits; None disables limiting.
     - ``faults``: injected faults (``Faults``); None for none.
     - ``default_page_size``/``max_page_size``: pageSize when absent / clamp above.
@@ -195,6 +199,7 @@ class FakeAdminServer:
         records: int | Mapping[str, int] = DEFAULT_RECORDS,
         latency: Latency = None,
         inbound_delay: Latency = None,
+        stalls: tuple[float, float] | None = None,
         rate_limits: ServerRateLimits | None = ServerRateLimits(),  # noqa: B008 - frozen
         faults: Faults | None = None,
         default_page_size: int = 50,
@@ -235,6 +240,9 @@ class FakeAdminServer:
         self._latency_rng = random.Random(seed)
         self._inbound_delay = _validate_latency(inbound_delay, "inbound_delay")
         self._inbound_rng = random.Random(seed + 1)
+        if stalls is not None and not 0 < stalls[1] < stalls[0] < float("inf"):
+            raise ValueError(f"stalls must be (every, length) with 0 < length < every: {stalls!r}")
+        self._stalls = stalls
         self._picker = FaultPicker(faults)
         self._scripts = ScriptQueue()
         self._log: deque[RequestRecord] = deque(maxlen=max(1, request_log_size))
@@ -569,7 +577,12 @@ class FakeAdminServer:
             seconds = self._inbound_rng.uniform(*inbound) if isinstance(inbound, tuple) else inbound
             if seconds > 0:
                 await asyncio.sleep(seconds)
-        arrival = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        if self._stalls is not None:
+            every, length = self._stalls
+            if (into := loop.time() % every) < length:
+                await asyncio.sleep(length - into)
+        arrival = loop.time()
         ctx = _Context(arrival=arrival, delay=self._draw_latency())
         try:
             response = await self._process(request, ctx)
