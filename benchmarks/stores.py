@@ -67,6 +67,7 @@ from ._common import (
     all_stats,
     hammer,
     loops,
+    median,
     naive_tasks,
     pct,
     raw_headers,
@@ -448,7 +449,7 @@ def bench(report: Report) -> None:
                 report.check(
                     f"{loop}, {count} stores: client CPU per request / raw aiohttp's, median of"
                     f" {len(pair_ratios)} pairs run back to back ({listed})",
-                    sorted(pair_ratios)[len(pair_ratios) // 2],
+                    median(pair_ratios),
                     "<=",
                     MAX_CPU_RATIO,
                     "{:.2f}",
