@@ -860,8 +860,11 @@ async def test_a_stall_stamps_what_arrived_during_it_at_its_end(
     assert sorted(starts) == sorted(stamps)
 
 
-@pytest.mark.parametrize("stalls", [(0.1, 0.1), (0.1, 0.0), (0.1, 0.2), (float("inf"), 1.0)])
-def test_stalls_are_validated(stalls: tuple[float, float]) -> None:
+@pytest.mark.parametrize(
+    "stalls",
+    [(0.1, 0.1), (0.1, 0.0), (0.1, 0.2), (float("inf"), 1.0), 5.0, (5.0,), ("5", 0.1), (5, True)],
+)
+def test_stalls_are_validated(stalls: Any) -> None:
     with pytest.raises(ValueError, match="stalls"):
         FakeAdminServer(stalls=stalls)
 

@@ -148,6 +148,13 @@ def test_epoch_reset_defaults_to_the_wall_clock() -> None:
     assert 28 <= limit.reset <= 30
 
 
+def test_an_epoch_reset_is_read_in_either_header_style() -> None:
+    """A reset of 10**9 and more is a Unix time, in the IETF ``t`` as in ``X-RateLimit-Reset``
+    (servers that mean delta seconds never send one that large)."""
+    limit = parse_server_limit({"ratelimit": '"p";r=0;t=1700000030'}, now=1_700_000_000.0)
+    assert limit == ServerLimit(remaining=0, reset=30.0)
+
+
 _NAMES = (
     "ratelimit-policy",
     "ratelimit",

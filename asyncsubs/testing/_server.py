@@ -135,6 +135,16 @@ def _validate_latency(latency: Latency, name: str = "latency") -> Latency:
     return float(latency)
 
 
+def _validate_stalls(stalls: tuple[float, float] | None) -> tuple[float, float] | None:
+    if stalls is None:
+        return None
+    numbers = isinstance(stalls, tuple) and len(stalls) == 2
+    numbers = numbers and all(type(x) in (int, float) for x in stalls)
+    if not numbers or not 0 < stalls[1] < stalls[0] < float("inf"):
+        raise ValueError(f"stalls must be (every, length) seconds, 0 < length < every: {stalls!r}")
+    return (float(stalls[0]), float(stalls[1]))
+
+
 def _store_configs(stores: int | Iterable[FakeStoreConfig | str]) -> list[FakeStoreConfig]:
     if isinstance(stores, bool):
         raise TypeError("stores must be a count or store configs/names")
@@ -240,9 +250,7 @@ class FakeAdminServer:
         self._latency_rng = random.Random(seed)
         self._inbound_delay = _validate_latency(inbound_delay, "inbound_delay")
         self._inbound_rng = random.Random(seed + 1)
-        if stalls is not None and not 0 < stalls[1] < stalls[0] < float("inf"):
-            raise ValueError(f"stalls must be (every, length) with 0 < length < every: {stalls!r}")
-        self._stalls = stalls
+        self._stalls = _validate_stalls(stalls)
         self._picker = FaultPicker(faults)
         self._scripts = ScriptQueue()
         self._log: deque[RequestRecord] = deque(maxlen=max(1, request_log_size))
