@@ -16,20 +16,18 @@ SLOWDOWN_STEP = 0.05
 #: The largest slowdown: a server enforcing less than a quarter of the configured rate is
 #: misconfigured on one side, and its 429s and Retry-After still hold the pool.
 MAX_SLOWDOWN = 4.0
-#: Seconds for the excess of a slowdown over 1 to halve without a 429: a limit lowered for a
-#: while is given back within minutes; one that stays low (40/s against 50) costs a 429 about
-#: every half minute.
+#: Seconds for a slowdown's excess over 1 to halve without a 429: a limit lowered for a while
+#: is given back within minutes; one that stays low (40/s against 50) costs a 429 every ~30 s.
 SLOWDOWN_HALF_LIFE = 120.0
 #: Samples between two recomputations of a spread (a pass over 2 n samples each time).
 _RECOMPUTE_EVERY = 16
 
 
 class Jitter:
-    """The last ``2 n`` ``answered - due`` samples of a pool's light requests (the server
-    stamped each somewhere in that span) and their spread in seconds, the largest less the
-    smallest: None until ``needed`` samples exist. The largest is no outlier to trim: a server
-    that stalls stamps the requests it held at once, and they overflow a later window unless
-    the margin covers the stall."""
+    """The last two windows' ``answered - due`` of a pool's light requests (the server stamped
+    each within that span) and their spread, the largest less the smallest, in seconds; None
+    until ``needed`` samples exist. The largest is no outlier: a server that stalls stamps
+    what it held at once, which overflows a later window unless the margin covers the stall."""
 
     __slots__ = ("_fresh", "_samples", "_top", "needed", "spread")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import aiohttp
 
-from ._config import Limits, RetryPolicy, positive_int, positive_number
+from ._config import Limits, RetryPolicy, check_store, positive_int, positive_number
 from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
@@ -93,13 +93,10 @@ class AdminClient:
         self._base = versioned_base(base_url or "", version, allow_insecure=allow_insecure)
         if store is None:
             store = store_fingerprint(self._base, self._token)
-        elif not isinstance(store, str) or not store.strip():
-            raise ConfigError(f"store must be a non-empty string, got {store!r}")
         self.store: Final = store
         self.version: Final = version
         self.limits: Final = Limits() if limits is None else limits
-        if not isinstance(self.limits, Limits):
-            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        check_store(store, self.limits)
         self.retry: Final = RetryPolicy() if retry is None else retry
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {type(retry).__name__}")

@@ -21,6 +21,7 @@ __all__ = [
     "PoolSplit",
     "Rate",
     "RetryPolicy",
+    "check_store",
     "positive_int",
     "positive_number",
 ]
@@ -175,6 +176,14 @@ class Limits(PoolSplit):
 
 #: Statuses that are retried by default: the request was not (or need not have been) processed.
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def check_store(store: Any, limits: Any) -> None:
+    """ConfigError unless ``store`` is a non-blank string and ``limits`` a :class:`Limits`."""
+    if not isinstance(store, str) or not store.strip():
+        raise ConfigError(f"store must be a non-empty string, got {store!r}")
+    if not isinstance(limits, Limits):
+        raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
 
 
 @attrs.frozen

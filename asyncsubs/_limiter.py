@@ -22,13 +22,12 @@ from typing import Any, Protocol
 import attrs
 
 from ._calibration import Jitter, Slowdown
-from ._config import Limits, Rate
+from ._config import Limits, Rate, check_store
 from ._server_limits import ServerLimit
 from ._stats import LimiterStats, PoolStats
 from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
 
-__all__ = ["DEFAULT_LIMITER", "Limiter", "LocalLimiter", "MemoryPacing", "PacingBackend", "Slot"]
-__all__ += ["StoreLimiter"]
+__all__ = ["DEFAULT_LIMITER", "Limiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
 
@@ -154,7 +153,7 @@ class StoreLimiter:
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
-        self.pause(p.name, pause or 0.0, p.slowdown.value(now))
+        self.pause(p.name, pause or 0.0)
 
     def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (any, with
@@ -171,18 +170,16 @@ class StoreLimiter:
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
 
-    def pause(self, pool: str, seconds: float, slowdown: float = 1.0) -> None:
+    def pause(self, pool: str, seconds: float) -> None:
         """Hold ``pool`` for ``seconds`` from now (never shortening a pause in force; seconds not
-        positive and finite hold nothing) and raise its slowdown to at least ``slowdown``, in
-        every process sharing the backend."""
+        positive and finite hold nothing) in every process sharing the backend, which also
+        learns the pool's slowdown."""
         p, loop = self._pool(pool), asyncio.get_running_loop()
-        if not 1.0 <= slowdown < math.inf:  # else a pool would stall, or NaN reach the backend
-            raise ConfigError(f"slowdown must be a finite factor >= 1, got {slowdown!r}")
         seconds = seconds if 0 < seconds < math.inf else 0.0
-        p.slowdown.set(loop.time(), slowdown)
         if seconds:
             p.pause_until = max(p.pause_until, loop.time() + seconds)
             logger.debug("store %r pool %r: paused for %.3fs", self.store, pool, seconds)
+        slowdown = p.slowdown.value(loop.time())
         task = loop.create_task(self._backend.pause(self.store, pool, seconds, slowdown))
         self._background.add(task)
         task.add_done_callback(self._shared_pause)
@@ -265,20 +262,18 @@ class StoreLimiter:
 
 class Limiter:
     """Per-store limiter state, shared by every client bound to the same store and loop;
-    ``backend`` holds what processes share. A store has one budget: binding it again with
-    other :class:`Limits` raises ConfigError."""
+    ``backend`` holds what processes share (by default a :class:`MemoryPacing` of this
+    instance's own). A store has one budget: binding it again with other :class:`Limits`
+    raises ConfigError."""
 
-    def __init__(self, backend: PacingBackend) -> None:
-        self._backend = backend
+    def __init__(self, backend: PacingBackend | None = None) -> None:
+        self._backend = MemoryPacing() if backend is None else backend
         # A loop's dict is only touched from the thread that runs the loop: no lock.
         self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
-        if not isinstance(store, str) or not store:
-            raise ConfigError(f"store must be a non-empty string, got {store!r}")
-        if not isinstance(limits, Limits):
-            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        check_store(store, limits)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -292,12 +287,5 @@ class Limiter:
         return bound
 
 
-class LocalLimiter(Limiter):
-    """In-process limiter: clients sharing an instance (and a loop) share each store's budget."""
-
-    def __init__(self) -> None:
-        super().__init__(MemoryPacing())
-
-
 #: The process-wide limiter of ``AdminClient(limiter=None)`` (its state kept per loop).
-DEFAULT_LIMITER = LocalLimiter()
+DEFAULT_LIMITER = Limiter()

@@ -1,12 +1,11 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
-Read (names lower-case): the IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per
-``w`` seconds; other units ``qu`` skipped) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in
-``t`` seconds); older drafts' ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and the common
-``X-RateLimit-*``, which name no window (the pool's own applies) and may give the reset as a
-Unix time. The lowest quota per second and the item with the fewest left win. Malformed values
-are ignored, never raised (a hint is advice; a 429 and its Retry-After stay the rule), and so
-are quotas of 10**9 and more and durations over a day, which would stick a pool.
+Reads the IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per ``w`` s; other units
+``qu`` skipped) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t`` s); older drafts'
+``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and ``X-RateLimit-*``, which name no window (the
+pool's own applies) and may give the reset as a Unix time. The lowest quota per second and the item
+with the fewest left win. Malformed values are ignored, never raised (a hint is advice; a 429 and
+Retry-After rule), as are quotas >= 10**9 and durations over a day, which would stick a pool.
 """
 
 from __future__ import annotations

@@ -4,20 +4,19 @@ Most code needs none of this: ``AdminClient(limiter=None)`` paces each store in 
 ``asyncsubs.redis.RedisLimiter`` shares the budget between processes and hosts. Here are:
 
 - :class:`Limiter` (pass one as ``AdminClient(limiter=...)``) over a :class:`PacingBackend`;
-  :class:`LocalLimiter` is one over :class:`MemoryPacing`, private to its instance;
+  ``Limiter()`` paces over a :class:`MemoryPacing` private to the instance;
 - :class:`PacingBackend`, the contract a shared backend implements (see ``RedisLimiter``);
 - :class:`StoreLimiter` and :class:`Slot`, one store's state in one event loop, which
   ``Limiter.bind`` returns;
 - :class:`LimiterStats` and :class:`PoolStats`, what ``AdminClient.stats`` reports.
 """
 
-from ._limiter import Limiter, LocalLimiter, MemoryPacing, PacingBackend, Slot, StoreLimiter
+from ._limiter import Limiter, MemoryPacing, PacingBackend, Slot, StoreLimiter
 from ._stats import LimiterStats, PoolStats
 
 __all__ = [
     "Limiter",
     "LimiterStats",
-    "LocalLimiter",
     "MemoryPacing",
     "PacingBackend",
     "PoolStats",

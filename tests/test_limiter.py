@@ -32,7 +32,6 @@ from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitErro
 from asyncsubs.limiting import (
     Limiter,
     LimiterStats,
-    LocalLimiter,
     MemoryPacing,
     PoolStats,
     Slot,
@@ -105,7 +104,7 @@ async def settle() -> None:
 )
 async def test_cold_start_is_paced_without_burst(clock: VirtualClock, rate: Rate) -> None:
     lim = limits(rate.n, rate.per, margin=0.02)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     t0 = clock.now
     starts: list[float] = []
     await asyncio.gather(*spawn(4 * rate.n + 3, sl, "global", starts))
@@ -130,7 +129,7 @@ async def test_aiolimiter_would_burst_ours_does_not(clock: VirtualClock) -> None
     await asyncio.gather(*(leaky() for _ in range(10)))
     assert max_starts_in_window(burst, 0.1) == 10
 
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl = Limiter().bind("acme", limits(10, 1.0))
     starts: list[float] = []
     await asyncio.gather(*spawn(10, sl, "global", starts))
     assert max_starts_in_window(starts, 0.099) == 1
@@ -140,7 +139,7 @@ async def test_idle_pool_starts_at_once_but_never_closer_than_interval(
     clock: VirtualClock,
 ) -> None:
     lim = limits(10, 1.0)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     await request(sl, "global", starts)
     await asyncio.sleep(interval_of(lim) / 2)
@@ -157,7 +156,7 @@ async def test_late_timers_do_not_add_up(clock: VirtualClock) -> None:
     late start, so lateness neither lowers the rate nor (being constant) bunches starts."""
     clock.lateness = 0.001
     lim = limits(50, 1.0, margin=0.02)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     await asyncio.gather(*spawn(500, sl, "global", starts))
     achieved = (len(starts) - 1) / (starts[-1] - starts[0])
@@ -175,7 +174,7 @@ async def test_a_changed_interval_applies_from_the_next_slot(clock: VirtualClock
 
 async def test_pools_are_independent(clock: VirtualClock) -> None:
     lim = limits(50, 1.0, subscriptions=Rate(2, per=3.0), orders=Rate(1, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     t0 = clock.now
     by_pool: dict[str, list[float]] = {"global": [], "subscriptions": [], "orders": []}
     tasks = [t for pool, s in by_pool.items() for t in spawn(6, sl, pool, s)]
@@ -187,7 +186,7 @@ async def test_pools_are_independent(clock: VirtualClock) -> None:
 
 
 async def test_bindings_of_one_store_share_the_budget(clock: VirtualClock) -> None:
-    limiter = LocalLimiter()
+    limiter = Limiter()
     a = limiter.bind("acme", limits(10, 1.0))
     b = limiter.bind("acme", limits(10, 1.0))
     assert a is b
@@ -197,7 +196,7 @@ async def test_bindings_of_one_store_share_the_budget(clock: VirtualClock) -> No
 
 
 async def test_different_stores_do_not_slow_each_other(clock: VirtualClock) -> None:
-    limiter = LocalLimiter()
+    limiter = Limiter()
     t0 = clock.now
     per_store: dict[str, list[float]] = {"a": [], "b": []}
     tasks = []
@@ -210,11 +209,11 @@ async def test_different_stores_do_not_slow_each_other(clock: VirtualClock) -> N
 
 
 async def test_separate_limiters_are_separate(clock: VirtualClock) -> None:
-    assert LocalLimiter().bind("acme", limits()) is not LocalLimiter().bind("acme", limits())
+    assert Limiter().bind("acme", limits()) is not Limiter().bind("acme", limits())
 
 
 async def test_many_stores_and_tasks_are_cheap(clock: VirtualClock) -> None:
-    limiter = LocalLimiter()
+    limiter = Limiter()
     lim = limits(50, 1.0, max_in_flight=8, margin=0.02, orders=Rate(2, per=3.0))
     starts: dict[tuple[str, str], list[float]] = {}
     tasks = []
@@ -257,7 +256,7 @@ async def test_a_queued_request_keeps_few_objects_alive(clock: VirtualClock) -> 
         base_url="https://subs.example",
         transport=Stalled(),
         limits=Limits(global_rate=Rate(1, per=1.0), heavy={}),
-        limiter=LocalLimiter(),
+        limiter=Limiter(),
     )
     first = asyncio.ensure_future(client.request("GET", "subscriptions/1"))
     await settle()  # the store's limiter and pools exist; this one is in flight
@@ -278,7 +277,7 @@ async def test_a_queued_request_keeps_few_objects_alive(clock: VirtualClock) -> 
 
 
 async def test_max_in_flight_is_respected_in_fifo_order(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(1000, 1.0, max_in_flight=3))
+    sl = Limiter().bind("acme", limits(1000, 1.0, max_in_flight=3))
     starts: list[float] = []
     order: list[object] = []
     peak = 0
@@ -301,7 +300,7 @@ async def test_max_in_flight_is_respected_in_fifo_order(clock: VirtualClock) -> 
 
 async def test_in_flight_places_go_to_pools_in_the_order_they_asked(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, max_in_flight=1, orders=Rate(10, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     blocker = asyncio.create_task(request(sl, "global", [], hold=1.0))
     order: list[object] = []
     await asyncio.sleep(0.2)
@@ -327,7 +326,7 @@ async def test_in_flight_places_go_to_pools_in_the_order_they_asked(clock: Virtu
 
 async def test_start_delayed_by_the_gate_is_not_followed_by_a_burst(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, max_in_flight=1)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     blocker = asyncio.create_task(request(sl, "global", [], hold=1.0))
     await settle()
@@ -339,7 +338,7 @@ async def test_start_delayed_by_the_gate_is_not_followed_by_a_burst(clock: Virtu
 
 async def test_heavy_waiters_do_not_delay_light_requests(clock: VirtualClock) -> None:
     lim = limits(50, 1.0, max_in_flight=4, subscriptions=Rate(1, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     t0 = clock.now
     heavy: list[float] = []
     light: list[float] = []
@@ -358,7 +357,7 @@ async def test_heavy_waiters_do_not_delay_light_requests(clock: VirtualClock) ->
 
 async def test_pause_holds_the_pool_then_resumes_paced(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, orders=Rate(10, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     other: list[float] = []
     tasks = spawn(10, sl, "global", starts) + spawn(10, sl, "orders", other)
@@ -376,7 +375,7 @@ async def test_pause_holds_the_pool_then_resumes_paced(clock: VirtualClock) -> N
 
 
 async def test_pause_reaches_a_request_queued_for_an_in_flight_place(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0, max_in_flight=1))
+    sl = Limiter().bind("acme", limits(10, 1.0, max_in_flight=1))
     blocker = asyncio.create_task(request(sl, "global", [], hold=1.0))
     starts: list[float] = []
     waiter = asyncio.create_task(request(sl, "global", starts))
@@ -391,7 +390,7 @@ async def test_a_pause_that_comes_in_while_a_slot_is_awaited_is_honoured(
     clock: VirtualClock,
 ) -> None:
     lim = limits(1, 1.0)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     await request(sl, "global", starts)
     waiter = asyncio.create_task(request(sl, "global", starts))
@@ -402,7 +401,7 @@ async def test_a_pause_that_comes_in_while_a_slot_is_awaited_is_honoured(
 
 
 async def test_pause_ignores_nonsense_and_unknown_pools_raise(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits())
+    sl = Limiter().bind("acme", limits())
     for seconds in (0.0, -1.0, float("nan"), float("inf")):
         sl.pause("global", seconds)
     starts: list[float] = []
@@ -415,7 +414,7 @@ async def test_pause_ignores_nonsense_and_unknown_pools_raise(clock: VirtualCloc
 
 
 async def test_a_wait_longer_than_max_wait_fails_fast(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits())
+    sl = Limiter().bind("acme", limits())
     sl.pause("global", 3600.0)
     t = clock.now
     with pytest.raises(RateLimitError) as info:
@@ -434,7 +433,7 @@ async def test_a_wait_longer_than_max_wait_fails_fast(clock: VirtualClock) -> No
 
 async def test_a_cancelled_head_loses_its_slot_and_nothing_else(clock: VirtualClock) -> None:
     lim = limits(10, 1.0)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     step = interval_of(lim)
     t0 = clock.now
     starts: list[float] = []
@@ -453,7 +452,7 @@ async def test_a_cancelled_head_loses_its_slot_and_nothing_else(clock: VirtualCl
 
 async def test_cancelled_task_in_the_middle_leaves_no_gap(clock: VirtualClock) -> None:
     lim = limits(10, 1.0)
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     t0 = clock.now
     starts: list[float] = []
     tasks = spawn(6, sl, "global", starts)
@@ -465,7 +464,7 @@ async def test_cancelled_task_in_the_middle_leaves_no_gap(clock: VirtualClock) -
 
 async def test_cancel_while_queued_for_an_in_flight_place(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, max_in_flight=1, orders=Rate(10, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     blocker = asyncio.create_task(request(sl, "global", [], hold=1.0))
     order: list[object] = []
     queued = asyncio.create_task(request(sl, "global", [], tag="global", order=order))
@@ -481,7 +480,7 @@ async def test_cancel_while_queued_for_an_in_flight_place(clock: VirtualClock) -
 
 async def test_cancel_after_being_granted_a_place_passes_it_on(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, max_in_flight=1, orders=Rate(10, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     order: list[object] = []
     granted: list[asyncio.Task[None]] = []
@@ -552,7 +551,7 @@ def calibrating(n: int = 10, **heavy: Rate) -> Limits:
 
 async def test_a_pool_starts_at_the_cap(clock: VirtualClock) -> None:
     lim = calibrating()
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     starts: list[float] = []
     await asyncio.gather(*spawn(5, sl, "global", starts))
     g = sl.stats().pools["global"]
@@ -561,7 +560,7 @@ async def test_a_pool_starts_at_the_cap(clock: VirtualClock) -> None:
 
 
 async def test_the_margin_follows_the_spread_of_answers(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", calibrating())
+    sl = Limiter().bind("acme", calibrating())
     rng = random.Random(1)
     # Answers 20-80 ms after their slot: a spread of ~0.055 s over per = 1 s.
     await run_with_holds(sl, "global", [rng.uniform(0.02, 0.08) for _ in range(40)])
@@ -572,13 +571,13 @@ async def test_the_margin_follows_the_spread_of_answers(clock: VirtualClock) -> 
 
 
 async def test_the_margin_is_floored_and_capped(clock: VirtualClock) -> None:
-    floor = LocalLimiter().bind("steady", calibrating())
+    floor = Limiter().bind("steady", calibrating())
     await run_with_holds(floor, "global", [0.03] * 20)
     assert (floor.stats().pools["global"].margin, floor.stats().pools["global"].paced_by) == (
         0.02,
         "floor",
     )
-    cap = LocalLimiter().bind("wild", calibrating())
+    cap = Limiter().bind("wild", calibrating())
     rng = random.Random(2)
     await run_with_holds(cap, "global", [rng.uniform(0.0, 0.9) for _ in range(20)])
     assert cap.stats().pools["global"].margin == 0.10
@@ -587,7 +586,7 @@ async def test_the_margin_is_floored_and_capped(clock: VirtualClock) -> None:
 async def test_a_request_late_for_its_slot_widens_the_spread(clock: VirtualClock) -> None:
     """Samples run from the slot, not from the start: a loop that starts requests late (a
     busy loop) shows as spread, the lateness a server sees as bunched arrivals."""
-    sl = LocalLimiter().bind("acme", calibrating())
+    sl = Limiter().bind("acme", calibrating())
     for i in range(24):
         if i % 2:
             clock.late_once = 0.06  # a busy loop iteration: the next timer fires 60 ms late
@@ -597,7 +596,7 @@ async def test_a_request_late_for_its_slot_widens_the_spread(clock: VirtualClock
 
 async def test_heavy_pools_take_the_global_spread_not_their_own(clock: VirtualClock) -> None:
     lim = calibrating(orders=Rate(2, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     # Pages built for 100-800 ms: their round trips would make a huge spread; they are ignored.
     await run_with_holds(sl, "orders", [0.1, 0.8, 0.4, 0.7])
     orders = sl.stats().pools["orders"]
@@ -622,7 +621,7 @@ async def slots(sl: StoreLimiter, pool: str, count: int) -> list[Slot]:
 
 
 async def test_a_429_after_a_cold_start_learns_the_quota(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl = Limiter().bind("acme", limits(10, 1.0))
     taken = await slots(sl, "global", 9)
     # The server took 8 and refused the 9th: it allows 8 per window, 10 / 8 = 1.25 slower.
     sl.rate_limited(taken[-1], 1.0)
@@ -633,7 +632,7 @@ async def test_a_429_after_a_cold_start_learns_the_quota(clock: VirtualClock) ->
 
 
 async def test_a_429_learns_one_step_when_the_count_says_less(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(20, 1.0))
+    sl = Limiter().bind("acme", limits(20, 1.0))
     taken = await slots(sl, "global", 60)  # 19-20 starts in the window before the refused one
     sl.rate_limited(taken[-1], None)
     await slots(sl, "global", 1)
@@ -641,7 +640,7 @@ async def test_a_429_learns_one_step_when_the_count_says_less(clock: VirtualCloc
 
 
 async def test_one_widening_per_round_trip(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(20, 1.0))
+    sl = Limiter().bind("acme", limits(20, 1.0))
     taken = await slots(sl, "global", 60)
     await asyncio.sleep(0.05)  # the answers come back a round trip later
     for slot in taken[-3:]:  # three requests were in flight, all refused
@@ -653,7 +652,7 @@ async def test_one_widening_per_round_trip(clock: VirtualClock) -> None:
 
 
 async def test_after_a_pause_a_429_counts_no_quota(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl = Limiter().bind("acme", limits(10, 1.0))
     taken = await slots(sl, "global", 3)
     sl.pause("global", 1.5)
     taken = await slots(sl, "global", 3)
@@ -663,25 +662,19 @@ async def test_after_a_pause_a_429_counts_no_quota(clock: VirtualClock) -> None:
     assert sl.stats().pools["global"].interval == pytest.approx(0.1 * (1 + SLOWDOWN_STEP))
 
 
-async def test_a_pause_of_no_time_raises_the_slowdown_only(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
-    sl.pause("global", 0.0, 2.0)
+async def test_a_429_without_a_pause_shares_its_slowdown(clock: VirtualClock) -> None:
+    shared = MemoryPacing()
+    a, b = (Limiter(shared).bind("acme", limits(10, 1.0)) for _ in range(2))
+    taken = await slots(a, "global", 5)
+    a.rate_limited(taken[-1], None)  # a 429 with no Retry-After and no backoff: no hold
     await settle()  # the backend call runs in the background
     starts: list[float] = []
     t0 = clock.now
-    await asyncio.gather(*spawn(3, sl, "global", starts))
-    assert starts == pytest.approx([t0, t0 + 0.2, t0 + 0.4])  # no hold, twice the interval
-    assert sl.stats().pools["global"].paced_by == "429"
-
-
-async def test_a_pause_refuses_a_slowdown_that_is_no_factor(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
-    for slowdown in (0.5, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="slowdown must be a finite factor >= 1"):
-            sl.pause("global", 1.0, slowdown)
-    starts: list[float] = []
-    await request(sl, "global", starts)
-    assert starts == [clock.now]  # nothing was held
+    await asyncio.gather(*spawn(3, b, "global", starts))
+    assert starts[0] <= t0 + 0.1 + EPS  # no hold: the slot after a's last
+    # a's slowdown reached b: 4 starts in the window before the refused one, 10 / 4 slower.
+    assert starts[2] - starts[1] == pytest.approx(0.1 * 10 / 4, rel=1e-3)
+    assert b.stats().pools["global"].paced_by == "429"
 
 
 async def test_the_slowdown_decays_by_half_in_a_half_life(clock: VirtualClock) -> None:
@@ -712,7 +705,7 @@ async def test_the_slowdown_is_shared_through_the_backend(clock: VirtualClock) -
 
 
 async def test_an_announced_lower_quota_paces_the_pool(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl = Limiter().bind("acme", limits(10, 1.0))
     sl.server_limit("global", ServerLimit(quota=4, window=1.0, remaining=3, reset=1.0))
     await slots(sl, "global", 2)
     g = sl.stats().pools["global"]
@@ -723,11 +716,11 @@ async def test_an_announced_lower_quota_paces_the_pool(clock: VirtualClock) -> N
 
 
 async def test_server_limits_follow_and_ignore(clock: VirtualClock) -> None:
-    follow = LocalLimiter().bind("f", attrs.evolve(limits(10, 1.0), server_limits="follow"))
+    follow = Limiter().bind("f", attrs.evolve(limits(10, 1.0), server_limits="follow"))
     follow.server_limit("global", ServerLimit(quota=40, window=2.0))
     await slots(follow, "global", 1)
     assert follow.stats().pools["global"].interval == pytest.approx(0.05)
-    ignore = LocalLimiter().bind("i", attrs.evolve(limits(10, 1.0), server_limits="ignore"))
+    ignore = Limiter().bind("i", attrs.evolve(limits(10, 1.0), server_limits="ignore"))
     ignore.server_limit("global", ServerLimit(quota=1, window=1.0, remaining=0, reset=30.0))
     t = clock.now
     await slots(ignore, "global", 1)
@@ -736,7 +729,7 @@ async def test_server_limits_follow_and_ignore(clock: VirtualClock) -> None:
 
 
 async def test_nothing_remaining_holds_the_pool_until_the_reset(clock: VirtualClock) -> None:
-    sl = LocalLimiter().bind("acme", limits(10, 1.0))
+    sl = Limiter().bind("acme", limits(10, 1.0))
     sl.server_limit("global", ServerLimit(remaining=0, reset=5.0))
     t = clock.now
     await slots(sl, "global", 1)
@@ -759,7 +752,7 @@ async def test_nothing_remaining_holds_the_pool_until_the_reset(clock: VirtualCl
 
 async def test_stats_count_requests_429s_retries_and_waiting(clock: VirtualClock) -> None:
     lim = limits(10, 1.0, orders=Rate(1, per=1.0))
-    sl = LocalLimiter().bind("acme", lim)
+    sl = Limiter().bind("acme", lim)
     taken: list[Slot] = []
 
     async def take() -> None:
@@ -792,7 +785,7 @@ async def test_debug_logs_for_pauses_and_interval_changes(
     clock: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="asyncsubs")
-    sl = LocalLimiter().bind("acme", limits(1, 1.0))
+    sl = Limiter().bind("acme", limits(1, 1.0))
     sl.pause("global", 2.0)
     taken = await slots(sl, "global", 2)
     sl.rate_limited(taken[-1], None)
@@ -809,7 +802,7 @@ async def test_debug_logs_for_pauses_and_interval_changes(
 
 
 async def test_rebinding_with_other_limits_is_a_config_error(clock: VirtualClock) -> None:
-    limiter = LocalLimiter()
+    limiter = Limiter()
     first = limiter.bind("acme", limits(10, 1.0, orders=Rate(1)))
     with pytest.raises(ConfigError, match="already in use with other Limits"):
         limiter.bind("acme", limits(20, 1.0, customers=Rate(1)))
@@ -818,14 +811,14 @@ async def test_rebinding_with_other_limits_is_a_config_error(clock: VirtualClock
 
 async def test_bind_validates_its_arguments(clock: VirtualClock) -> None:
     with pytest.raises(ConfigError, match="store must be a non-empty string, got ''"):
-        LocalLimiter().bind("", limits())
+        Limiter().bind("", limits())
     with pytest.raises(ConfigError, match="limits must be a Limits, got Rate"):
-        LocalLimiter().bind("acme", Rate(1))  # type: ignore[arg-type]
+        Limiter().bind("acme", Rate(1))  # type: ignore[arg-type]
 
 
 def test_bind_needs_a_running_loop() -> None:
     with pytest.raises(ConfigError, match="event loop"):
-        LocalLimiter().bind("acme", limits())
+        Limiter().bind("acme", limits())
 
 
 async def test_default_limiter_is_shared_per_loop(clock: VirtualClock) -> None:

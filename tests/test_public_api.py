@@ -126,7 +126,7 @@ def test_the_limiters_parts_live_in_asyncsubs_limiting() -> None:
     # The top level holds what users of the client need; backend authors import the rest.
     import asyncsubs.limiting
 
-    parts = {"Limiter", "LocalLimiter", "PacingBackend", "MemoryPacing", "StoreLimiter"}
+    parts = {"Limiter", "PacingBackend", "MemoryPacing", "StoreLimiter"}
     assert parts | {"LimiterStats", "PoolStats"} <= set(asyncsubs.limiting.__all__)
     assert not parts & set(asyncsubs.__all__)
     assert len(asyncsubs.__all__) <= 25

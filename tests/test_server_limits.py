@@ -19,7 +19,7 @@ from virtual_clock import VirtualClock
 from asyncsubs import AdminClient, Limits, Rate, errors
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit, parse_server_limit
-from asyncsubs.limiting import LocalLimiter
+from asyncsubs.limiting import Limiter
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits, set_waiting
 
 NOW = 1_700_000_000.0  # a Unix time, for epoch resets
@@ -230,7 +230,7 @@ def scripted_client(transport: Scripted, **limits: Any) -> AdminClient:
         store="shop",
         limits=Limits(global_rate=Rate(10, per=1.0), heavy={}, **limits),
         transport=transport,
-        limiter=LocalLimiter(),
+        limiter=Limiter(),
     )
 
 
@@ -372,7 +372,7 @@ async def test_fake_server_headers_reach_the_pacer(style: Literal["ietf", "x"]) 
             base_url=server.base_url,
             store="s",
             limits=Limits(global_rate=Rate(200, per=1.0), heavy={}),
-            limiter=LocalLimiter(),
+            limiter=Limiter(),
         )
         async with client:
             for _ in range(6):

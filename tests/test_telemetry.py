@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from asyncsubs import AdminClient, ConfigError, Limits, Rate, RetryPolicy, errors
 from asyncsubs import _telemetry as telemetry
 from asyncsubs._protocol import RawResponse, Request
-from asyncsubs.limiting import LocalLimiter
+from asyncsubs.limiting import Limiter
 from asyncsubs.testing import FakeAdminServer
 
 MakeClient = Callable[..., AdminClient]
@@ -194,7 +194,7 @@ async def test_limiter_waits_and_request_durations_are_measured(
         store="shop",
         limits=limits,
         transport=Slow(),
-        limiter=LocalLimiter(),
+        limiter=Limiter(),
         **otel.providers(),
     ) as client:
         calls = [asyncio.ensure_future(client.request("GET", "subscriptions/1")) for _ in range(3)]
