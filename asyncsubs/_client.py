@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import aiohttp
 
-from ._config import Limits, RetryPolicy, check_store, positive_int, positive_number
+from ._config import Limits, RetryPolicy, check_binding, positive_int, positive_number
 from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
@@ -96,7 +96,7 @@ class AdminClient:
         self.store: Final = store
         self.version: Final = version
         self.limits: Final = Limits() if limits is None else limits
-        check_store(store, self.limits)
+        check_binding(store, self.limits)
         self.retry: Final = RetryPolicy() if retry is None else retry
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {type(retry).__name__}")

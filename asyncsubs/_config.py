@@ -21,7 +21,7 @@ __all__ = [
     "PoolSplit",
     "Rate",
     "RetryPolicy",
-    "check_store",
+    "check_binding",
     "positive_int",
     "positive_number",
 ]
@@ -178,8 +178,9 @@ class Limits(PoolSplit):
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
-def check_store(store: Any, limits: Any) -> None:
-    """ConfigError unless ``store`` is a non-blank string and ``limits`` a :class:`Limits`."""
+def check_binding(store: Any, limits: Any) -> None:
+    """What a limiter binds, checked: ConfigError unless ``store`` is a non-blank string and
+    ``limits`` a :class:`Limits`."""
     if not isinstance(store, str) or not store.strip():
         raise ConfigError(f"store must be a non-empty string, got {store!r}")
     if not isinstance(limits, Limits):

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._calibration import Jitter, Slowdown
-from ._config import Limits, Rate, check_store
+from ._config import Limits, Rate, check_binding
 from ._server_limits import ServerLimit
 from ._stats import LimiterStats, PoolStats
 from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
@@ -273,7 +273,7 @@ class Limiter:
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
-        check_store(store, limits)
+        check_binding(store, limits)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
