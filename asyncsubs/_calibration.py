@@ -26,8 +26,8 @@ _RECOMPUTE_EVERY = 16
 class Jitter:
     """The last two windows' ``answered - due`` of a pool's light requests (the server stamped
     each within that span) and their spread, the largest less the smallest, in seconds; None
-    until ``needed`` samples exist. The largest is no outlier: a server that stalls stamps
-    what it held at once, which overflows a later window unless the margin covers the stall."""
+    until ``needed`` samples exist. The largest is no outlier (a new one counts at once): a server
+    that stalls stamps what it held at once, overflowing a window unless the margin covers it."""
 
     __slots__ = ("_fresh", "_samples", "_top", "needed", "spread")
 
@@ -39,7 +39,6 @@ class Jitter:
     def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        # A new largest sample counts at once: a stall's late stamps overflow a window soon.
         due = self._fresh >= _RECOMPUTE_EVERY or sample > self._top
         if due and len(self._samples) >= self.needed:
             self._fresh, self._top = 0, max(self._samples)

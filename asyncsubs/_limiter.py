@@ -1,13 +1,14 @@
 """Client-side rate limiting: one paced queue per (store, pool), an in-flight cap per store.
 
-A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (so
-that a full gate never bunches starts), then claims a start from the backend, GCRA without
-burst: ``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, and sleeps until it
-(claiming again if a pause came meanwhile) before handing the turn on. ``interval = per / n *
-(1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` the configured rate or a lower one
-the server announced (:mod:`._server_limits`). A cancelled waiter leaves its queue; a slot it
-claimed is lost, the safe side. Backends hold what processes share (each pool's next slot, pause
-and slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` the same contract in Lua.
+A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (a
+full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
+``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, ``interval = per / n * (1 +
+margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower as announced
+(:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came meanwhile) and
+hands the turn on; a start that a blocked loop made later than a window's room (``n * interval -
+per``) pauses the pool by the excess. A cancelled waiter leaves its queue; a slot it claimed is
+lost, the safe side. Backends hold what processes share (each pool's next slot, pause and
+slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` the same contract in Lua.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class PacingBackend(Protocol):
     raise LimiterUnavailableError (anything else is wrapped in one)."""
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]: ...
-
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None: ...
 
 
@@ -212,15 +212,13 @@ class StoreLimiter:
         if loop is not self._loop_ref():
             message = f"store {self.store!r} is bound to another event loop: use a client only"
             raise ConfigError(f"{message} in the loop that first used it")
-        queued_at = loop.time()
-        p.waiting += 1
+        queued_at, p.waiting = loop.time(), p.waiting + 1
         try:
             async with p.turn:  # as the pool's head, holding an in-flight place, claim a slot
                 await self._in_flight.acquire()
                 try:
                     while True:
-                        now = loop.time()
-                        held = now < p.pause_until  # this process's view of a pause
+                        held = (now := loop.time()) < p.pause_until  # this process's view
                         due = p.pause_until if held else await self._reserve(p, now)
                         if (wait := due - loop.time()) > max_wait:
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
@@ -233,6 +231,9 @@ class StoreLimiter:
                 except BaseException:
                     self._in_flight.release()
                     raise
+                rate = p.server_rate or p.rate
+                if loop.time() - due > (room := rate.n * p.interval - rate.per):
+                    self.pause(p.name, p.interval - room)
         finally:
             p.waiting -= 1
         # Back from idle (not from a pause), the server's window holds nothing of this pool:

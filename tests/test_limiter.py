@@ -164,6 +164,23 @@ async def test_late_timers_do_not_add_up(clock: VirtualClock) -> None:
     assert max_starts_in_window(starts, 1.0) <= 50
 
 
+async def test_a_start_later_than_the_room_paces_the_next_from_it(clock: VirtualClock) -> None:
+    """A blocked loop (a full garbage collection) starts a request 120 ms late. At 2/s with 2%
+    margin, the slots after it would put three starts in one second from it (a 429 from a
+    sliding window); the pool pauses by the lateness beyond the 20 ms room instead."""
+    lim = limits(2, 1.0, margin=0.02)
+    sl = Limiter().bind("acme", lim)
+    starts: list[float] = []
+    for i in range(8):
+        if i == 2:
+            clock.late_once = 0.12
+        await request(sl, "global", starts)
+    assert starts[2] - starts[1] == pytest.approx(0.51 + 0.12)
+    assert starts[3] - starts[2] == pytest.approx(0.51 - 0.02)
+    assert min(b - a for a, b in zip(starts, starts[2:], strict=False)) >= 1.0 - EPS
+    assert gaps(starts)[3:] == pytest.approx([0.51] * 4)  # then paced as before
+
+
 async def test_a_changed_interval_applies_from_the_next_slot(clock: VirtualClock) -> None:
     shared = MemoryPacing()
     assert await shared.reserve("acme", "global", 0.1) == (0.0, 1.0)
