@@ -238,7 +238,7 @@ class StoreLimiter:
             p.waiting -= 1
         # Back from idle (not from a pause), the server's window holds nothing of this pool:
         # a 429 then tells its quota by the starts since (see rate_limited).
-        if due - p.last_start >= (p.server_rate or p.rate).per and p.pause_until <= p.last_start:
+        if due - p.last_start >= rate.per and p.pause_until <= p.last_start:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
         p.wait_seconds += due - queued_at
