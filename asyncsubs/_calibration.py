@@ -24,10 +24,9 @@ _RECOMPUTE_EVERY = 16
 
 
 class Jitter:
-    """The last two windows' ``answered - due`` of a pool's light requests (the server stamped
-    each within that span) and their spread, the largest less the smallest, in seconds; None
-    until ``needed`` samples exist. The largest is no outlier (a new one counts at once): a server
-    that stalls stamps what it held at once, overflowing a window unless the margin covers it."""
+    """The spread (largest less smallest, None until ``needed`` exist) of the last two windows'
+    ``answered - due`` of light requests, each stamped within that span. A new largest counts at
+    once, no outlier: a stalled server stamps what it held at once, overflowing a window."""
 
     __slots__ = ("_fresh", "_samples", "_top", "needed", "spread")
 
@@ -46,9 +45,8 @@ class Jitter:
 
 
 class Slowdown:
-    """A pool's AIMD slowdown factor (>= 1), decaying towards 1 on the caller's clock. A 429
-    raises it to at least the rate the server evidently allowed (the caller's ``target``) and
-    one step, once per round trip (``widened_at``: when the last widening was made)."""
+    """A pool's AIMD slowdown (>= 1), decaying to 1 on the caller's clock. A 429 widens it a step
+    and to at least ``target``, the rate the server evidently allowed; once per round trip."""
 
     __slots__ = ("_at", "_excess", "widened_at")
 

@@ -36,7 +36,7 @@ from ._retry import pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
-from ._transport import AiohttpTransport, Transport
+from ._transport import AiohttpTransport, Transport, on_connected
 from .errors import AsyncSubsError, ConfigError, RateLimitError
 
 if TYPE_CHECKING:
@@ -279,6 +279,7 @@ class AdminClient:
                 if self._closed:  # aclose() ran while this request waited: no new session
                     raise ConfigError("the client was closed while this request waited")
                 exchange.sending()
+                on_connected.set(slot.sending)
                 raw = await self._transport.send(request, timeout=self.timeout)
             exchange.received(raw.status)
             try:

@@ -4,11 +4,10 @@ A request waits for its pool's turn (FIFO), then for a place in the store's in-f
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
 ``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, ``interval = per / n * (1 +
 margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower as announced
-(:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came meanwhile) and
-hands the turn on; a start that a blocked loop made later than a window's room (``n * interval -
-per``) pauses the pool by the excess. A cancelled waiter leaves its queue; a slot it claimed is
-lost, the safe side. Backends hold what processes share (each pool's next slot, pause and
-slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` the same contract in Lua.
+(:mod:`._server_limits`). It sleeps until the slot (claiming again after a pause come meanwhile),
+hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled waiter leaves
+the queue, losing a claimed slot (the safe side). Backends hold what processes share (each pool's
+next slot, pause and slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` in Lua.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ logger = logging.getLogger("asyncsubs.limiter")
 
 
 class PacingBackend(Protocol):
-    """Shared pacing on the backend's clock. ``reserve`` claims the next start and returns
-    ``(slot - now, slowdown)``, the pool's shared 429 slowdown (1.0: none); ``pause`` allows no
-    slot before ``now + seconds`` and raises the slowdown to at least ``slowdown``. Failures
-    raise LimiterUnavailableError (anything else is wrapped in one)."""
+    """Shared pacing on the backend's clock. ``reserve`` claims the next start: ``(slot - now,
+    slowdown)``, the pool's shared 429 slowdown (1.0: none). ``pause``: no slot before ``now +
+    seconds``, the slowdown raised to ``slowdown``. Raises LimiterUnavailableError."""
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]: ...
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None: ...
@@ -99,7 +97,16 @@ class Slot:
 
     async def __aenter__(self) -> Slot:
         self.due = await self._limiter._acquire(self._pool, self._max_wait)
+        self.sending()  # late by the loop's own delay
         return self
+
+    def sending(self) -> None:
+        """The request goes out now (again when a session the client made gives it a connection:
+        a connect delays it unseen); later than the room, it pauses the pool by the excess."""
+        p, rate = self._pool, self._pool.server_rate or self._pool.rate
+        room = rate.n * p.interval - rate.per  # how far n paced starts span beyond a window
+        if asyncio.get_running_loop().time() - self.due > room:
+            self._limiter.pause(p.name, p.interval - room)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self._limiter._in_flight.release()
@@ -148,8 +155,8 @@ class StoreLimiter:
         if slot.due > p.slowdown.widened_at:  # else sent before the last widening
             rate = p.server_rate or p.rate
             since = max(p.run_start, slot.due - rate.per)
-            # The store's starts in the window before this one, counted from the interval (every
-            # process sharing the backend starts one per interval), unless a pause lies within.
+            # The store's starts in the window before, by the interval (all processes sharing the
+            # backend start one per interval), unless a pause lies within.
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
@@ -171,9 +178,8 @@ class StoreLimiter:
             self.pause(pool, limit.reset)
 
     def pause(self, pool: str, seconds: float) -> None:
-        """Hold ``pool`` for ``seconds`` from now (never shortening a pause in force; seconds not
-        positive and finite hold nothing) in every process sharing the backend, which also
-        learns the pool's slowdown."""
+        """Hold ``pool`` for ``seconds`` from now (not shortening a pause; seconds not positive and
+        finite hold nothing) in every process sharing the backend, which learns the slowdown too."""
         p, loop = self._pool(pool), asyncio.get_running_loop()
         seconds = seconds if 0 < seconds < math.inf else 0.0
         if seconds:
@@ -231,14 +237,11 @@ class StoreLimiter:
                 except BaseException:
                     self._in_flight.release()
                     raise
-                rate = p.server_rate or p.rate
-                if loop.time() - due > (room := rate.n * p.interval - rate.per):
-                    self.pause(p.name, p.interval - room)
         finally:
             p.waiting -= 1
         # Back from idle (not from a pause), the server's window holds nothing of this pool:
         # a 429 then tells its quota by the starts since (see rate_limited).
-        if due - p.last_start >= rate.per and p.pause_until <= p.last_start:
+        if due - p.last_start >= (p.server_rate or p.rate).per and p.pause_until <= p.last_start:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
         p.wait_seconds += due - queued_at
@@ -263,9 +266,8 @@ class StoreLimiter:
 
 class Limiter:
     """Per-store limiter state, shared by every client bound to the same store and loop;
-    ``backend`` holds what processes share (by default a :class:`MemoryPacing` of this
-    instance's own). A store has one budget: binding it again with other :class:`Limits`
-    raises ConfigError."""
+    ``backend`` holds what processes share (by default a :class:`MemoryPacing` of its own). A
+    store has one budget: binding it again with other :class:`Limits` raises ConfigError."""
 
     def __init__(self, backend: PacingBackend | None = None) -> None:
         self._backend = MemoryPacing() if backend is None else backend

@@ -1,11 +1,11 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
 Reads the IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per ``w`` s; other units
-``qu`` skipped) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t`` s); older drafts'
-``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` and ``X-RateLimit-*``, which name no window (the
-pool's own applies) and may give the reset as a Unix time. The lowest quota per second and the item
-with the fewest left win. Malformed values are ignored, never raised (a hint is advice; a 429 and
-Retry-After rule), as are quotas >= 10**9 and durations over a day, which would stick a pool.
+``qu`` skipped), ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t`` s), older drafts'
+``RateLimit-Limit``/``-Remaining``/``-Reset`` and ``X-RateLimit-*`` (no window: the pool's own; the
+reset maybe a Unix time). The lowest quota per second and the item with the fewest left win.
+Malformed values, quotas >= 10**9 and durations over a day (which would stick a pool) are ignored,
+never raised: a hint is advice, a 429 and Retry-After rule.
 """
 
 from __future__ import annotations

@@ -7,14 +7,35 @@ for the network. Redirects are never followed, so the token never reaches anothe
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
 import aiohttp
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 
 from ._protocol import RawResponse, Request
 from .errors import ProtocolError, TransportError, excerpt
 
-__all__ = ["AiohttpTransport", "Transport"]
+__all__ = ["AiohttpTransport", "Transport", "on_connected"]
+
+#: Set by the client before each send; called when the request gets its connection from a
+#: session the client made, the moment it goes out (the limiter sees a connect's delay).
+on_connected: ContextVar[Callable[[], None] | None] = ContextVar("on_connected", default=None)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """Calls ``on_connected`` as it hands out a connection. A session passed in does not, and
+    its connects and queueing delay starts unseen (hence ``limit=0`` there too)."""
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        connection = await super().connect(req, traces, timeout)
+        if (callback := on_connected.get()) is not None:
+            callback()
+        return connection
 
 
 class Transport(Protocol):
@@ -111,7 +132,7 @@ class AiohttpTransport:
                     "the aiohttp session passed to the client is closed", transient=False
                 )
             # Concurrency is capped per store by the limiter, not by the connector.
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            connector = _Connector(limit=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 

@@ -15,6 +15,8 @@ from hostile import WireServer
 
 import asyncsubs
 from asyncsubs import AdminClient, Limits, errors
+from asyncsubs._protocol import build_request
+from asyncsubs._transport import AiohttpTransport, on_connected
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 
 MakeClient = Callable[..., AdminClient]
@@ -521,3 +523,25 @@ async def test_a_long_retry_after_fails_every_request_of_the_pool_fast(
     assert later.value.retry_after is not None
     assert 3590 < later.value.retry_after <= 3600
     assert server.stats("acme").requests == sent + 1  # only the orders request went out
+
+
+async def test_the_clients_own_session_reports_each_request_as_it_gets_its_connection(
+    server: FakeAdminServer,
+) -> None:
+    """Its connector calls ``on_connected`` once a request, before the server has seen it (the
+    limiter counts the start from then: a connect delays it unseen otherwise). A session
+    passed in is the caller's, and calls nothing."""
+    request = build_request(server.api_url, server.tokens["acme"], "GET", "subscriptions")
+    seen: list[int] = []
+    on_connected.set(lambda: seen.append(len(server.requests)))
+    own = AiohttpTransport(max_response_bytes=1 << 20)
+    try:
+        for _ in range(3):
+            assert (await own.send(request, timeout=5.0)).status == 200
+    finally:
+        await own.aclose()
+    assert seen == [0, 1, 2]
+    async with aiohttp.ClientSession() as session:
+        passed = AiohttpTransport(session, max_response_bytes=1 << 20)
+        assert (await passed.send(request, timeout=5.0)).status == 200
+    assert seen == [0, 1, 2]

@@ -29,6 +29,7 @@ from asyncsubs._config import Limits, Rate
 from asyncsubs._limiter import DEFAULT_LIMITER
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
+from asyncsubs._transport import on_connected
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
 from asyncsubs.limiting import (
     Limiter,
@@ -180,6 +181,64 @@ async def test_a_start_later_than_the_room_paces_the_next_from_it(clock: Virtual
     assert starts[3] - starts[2] == pytest.approx(0.51 - 0.02)
     assert min(b - a for a, b in zip(starts, starts[2:], strict=False)) >= 1.0 - EPS
     assert gaps(starts)[3:] == pytest.approx([0.51] * 4)  # then paced as before
+
+
+async def test_a_request_whose_connection_comes_late_paces_the_next_from_it(
+    clock: VirtualClock,
+) -> None:
+    """The slot is on time, but a new connection takes 150 ms (60 opened at once by a busy
+    loop): when it is handed out, ``sending`` pauses the pool by the lateness beyond the room,
+    so that three starts at 2/s still span a second from the late one."""
+    sl = Limiter().bind("acme", limits(2, 1.0, margin=0.02))
+    starts: list[float] = []
+    for i in range(6):
+        async with sl.slot("global") as slot:
+            if i == 1:
+                clock.now += 0.15  # connecting
+                slot.sending()
+            starts.append(clock.now)
+    assert starts[2] - starts[1] == pytest.approx(0.51 - 0.02)
+    assert min(b - a for a, b in zip(starts, starts[2:], strict=False)) >= 1.0 - EPS
+    # Without the call the next start would be due 0.36 s after the late one, as before.
+    sl2 = Limiter().bind("acme", limits(2, 1.0, margin=0.02))
+    late: list[float] = []
+    for i in range(3):
+        async with sl2.slot("global"):
+            clock.now += 0.15 if i == 1 else 0.0
+            late.append(clock.now)
+    assert late[2] - late[1] == pytest.approx(0.51 - 0.15)
+
+
+async def test_the_client_reports_a_requests_connection_to_its_slot(clock: VirtualClock) -> None:
+    """The client's own connector calls ``on_connected`` as it hands a request its connection
+    (tests/test_client.py); the client points it at the slot of the request going out. A
+    transport stands in for the connector here: the second request connects for 150 ms."""
+    sent: list[float] = []
+
+    class Connecting:
+        async def send(self, request: Request, *, timeout: float) -> RawResponse:
+            callback = on_connected.get()
+            assert callback is not None
+            if len(sent) == 1:
+                clock.now += 0.15
+            callback()
+            sent.append(clock.now)
+            return RawResponse(200, {}, b'{"success": true, "code": "SUCCESS", "data": {}}')
+
+        async def aclose(self) -> None:
+            pass
+
+    lim = Limits(global_rate=Rate(2, per=1.0), heavy={}, safety_margin=0.02)
+    async with AdminClient(
+        token="t",
+        base_url="https://s.example",
+        transport=Connecting(),
+        limits=lim,
+        limiter=Limiter(),
+    ) as client:
+        for _ in range(5):
+            await client.request("GET", "subscriptions/1")
+    assert min(b - a for a, b in zip(sent, sent[2:], strict=False)) >= 1.0 - EPS
 
 
 async def test_a_changed_interval_applies_from_the_next_slot(clock: VirtualClock) -> None:
