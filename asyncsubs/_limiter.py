@@ -4,7 +4,7 @@ A request waits for its pool's turn (FIFO), then for a place in the store's in-f
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
 ``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, ``interval = per / n * (1 +
 margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower as announced
-(:mod:`._server_limits`). It sleeps until the slot (claiming again after a pause come meanwhile),
+(:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came meanwhile),
 hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled waiter leaves
 the queue, losing a claimed slot (the safe side). Backends hold what processes share (each pool's
 next slot, pause and slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` in Lua.
