@@ -102,11 +102,11 @@ class Slot:
 
     def sending(self) -> None:
         """The request goes out now (again when a session the client made gives it a connection:
-        a connect delays it unseen); later than the room, it pauses the pool by the excess."""
+        a connect delays it unseen); later than the room, the pool's pace restarts from now."""
         p, rate = self._pool, self._pool.server_rate or self._pool.rate
         room = rate.n * p.interval - rate.per  # how far n paced starts span beyond a window
         if asyncio.get_running_loop().time() - self.due > room:
-            self._limiter.pause(p.name, p.interval - room)
+            self._limiter.pause(p.name, p.interval)  # its whole margin kept from this start
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self._limiter._in_flight.release()

@@ -7,6 +7,7 @@ nothing here sleeps to synchronise; latency is 0 unless a test is about latency.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from asyncsubs.testing import (
     ServerRateLimits,
     run_in_process,
 )
+from asyncsubs.testing._data import RESOURCES
 
 TOKEN_HEADER = "X-Service-Token"
 
@@ -923,3 +925,18 @@ async def test_run_in_process(remote: Any, session: aiohttp.ClientSession) -> No
     remote.stop()
     assert not remote.process.is_alive()
     assert remote.process.exitcode == 0
+
+
+def test_make_records_makes_every_stores_records_and_freezes_them() -> None:
+    """What ``run_in_process(make_records=True)`` runs before it reports the server ready: no
+    request then waits for its store's records to be made."""
+    server = FakeAdminServer(stores=[FakeStoreConfig("a", records=7), FakeStoreConfig("b")])
+    sets = [server.store(name).data[r] for name in ("a", "b") for r in RESOURCES]
+    assert all(None in s._encoded for s in sets if len(s))  # made lazily, on first request
+    frozen = gc.get_freeze_count()
+    try:
+        server.make_records()
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+    assert all(None not in s._encoded for s in sets)

@@ -1,7 +1,7 @@
 """``asyncsubs demo`` and ``asyncsubs fake-server``: the embedded fake service.
 
-The demo starts ``FakeAdminServer`` in this process with several stores whose server-side rate
-limits equal the client's limits (each store with a different window flavour: sliding, fixed,
+The demo starts ``FakeAdminServer`` in a process of its own with several stores whose server-side
+rate limits equal the client's limits (each store with a different window flavour: sliding, fixed,
 leaky bucket), syncs them all into SQLite with the same engine as ``sync``, and prints what was
 achieved against what was allowed, as the server measured it. No network, no setup.
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 
@@ -26,6 +25,9 @@ from ._config_file import RESOURCES, StoreConfig, parse_sqlite_url
 from ._lock import hold_database
 from ._progress import Tracker, choose_mode, plural, print_table
 from ._running import CommandFailed, display_mode, note, positive_int, raise_failures, run_async
+
+if TYPE_CHECKING:
+    from ..testing import RemoteFakeServer
 
 __all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
 
@@ -175,21 +177,6 @@ def _database(url: str | None) -> Iterator[tuple[Path, bool]]:
         yield Path(tmp) / "demo.db", False
 
 
-def _prewarm(server: Any, stores: Iterable[str]) -> None:
-    """Generate the fake records up front and exempt them from garbage collection.
-
-    Generated lazily, the first requests to each store would wait for their records to be made
-    (stamped up to a second late with 20 stores, a delay no real server has); full collections
-    walking hundreds of thousands of cached objects would stall the loop for tens of
-    milliseconds, and the demo's client shares that loop.
-    """
-    for store in stores:
-        for resource in RESOURCES:
-            server.records(store, resource)
-    gc.collect()
-    gc.freeze()
-
-
 @attrs.frozen
 class _PoolReport:
     """One heavy pool as the server saw it."""
@@ -199,72 +186,59 @@ class _PoolReport:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
+    from ..testing import FakeStoreConfig, ServerRateLimits, run_in_process
     from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
     tracker = Tracker(verbose=args.verbose)
     mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
-    reports: dict[tuple[str, str], _PoolReport] = {}
     started = time.monotonic()
+    server_stores = [
+        FakeStoreConfig(
+            s.name,
+            records=dict(s.records),
+            rate_limits=ServerRateLimits(global_rate=GLOBAL_RATE, heavy=s.heavy, window=s.window),
+        )
+        for s in stores
+    ]
 
-    with _database(args.db) as (db_path, kept), hold_database(db_path):
-
-        async def demo() -> None:
-            server = FakeAdminServer(
-                stores=[
-                    FakeStoreConfig(
-                        s.name,
-                        records=dict(s.records),
-                        rate_limits=ServerRateLimits(
-                            global_rate=GLOBAL_RATE,
-                            heavy=s.heavy,
-                            window=s.window,
-                        ),
-                    )
-                    for s in stores
-                ],
-                latency=DEMO_LATENCY,
-                max_page_size=max(DEMO_PAGE_SIZE, args.page_size),
+    # The server runs in a process of its own, as a real one does elsewhere: sharing this
+    # process, it would stamp requests late by the client's own work (parsing pages, writing
+    # rows), and read as a server whose limiter lags by tens of milliseconds now and then.
+    with (
+        _database(args.db) as (db_path, kept),
+        hold_database(db_path),
+        run_in_process(
+            make_records=True,
+            stores=server_stores,
+            latency=DEMO_LATENCY,
+            max_page_size=max(DEMO_PAGE_SIZE, args.page_size),
+        ) as server,
+    ):
+        configs = [
+            StoreConfig(
+                store=s.name,
+                base_url=server.base_url,
+                token=server.tokens[s.name],
+                page_size=args.page_size,
+                # The client's limits are the server's: the demo shows pacing at the edge.
+                limits=Limits(global_rate=GLOBAL_RATE, heavy=s.heavy),
             )
-            _prewarm(server, (s.name for s in stores))
-            async with server:
-                configs = [
-                    StoreConfig(
-                        store=s.name,
-                        base_url=server.base_url,
-                        token=server.store(s.name).token,
-                        page_size=args.page_size,
-                        # The client's limits are the server's: the demo shows pacing at the edge.
-                        limits=Limits(global_rate=GLOBAL_RATE, heavy=s.heavy),
-                    )
-                    for s in stores
-                ]
-                try:
-                    await run_sync(configs, db_path, tracker)
-                finally:
-                    for s in stores:
-                        stats = server.stats(s.name)
-                        for resource in RESOURCES:
-                            pool = stats.pool(resource)
-                            starts = pool.starts
-                            span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
-                            reports[(s.name, resource)] = _PoolReport(
-                                achieved=(len(starts) - 1) / span if span > 0 else None,
-                                peak=pool.max_in_window(s.heavy[resource].per),
-                            )
-
+            for s in stores
+        ]
         interrupted = ran = False
         try:
-            run_async(demo, tracker, mode, args.progress_interval)
+            run_async(
+                lambda: run_sync(configs, db_path, tracker), tracker, mode, args.progress_interval
+            )
             ran = True
         except CommandFailed:
             interrupted = True
             raise
         finally:
-            gc.unfreeze()  # back to normal collection (matters when called in-process)
             # Not after an error that stopped the demo (a bad --db): its line says it all.
             if not args.quiet and (ran or interrupted):
+                reports = _server_reports(server, stores)
                 _summary(stores, tracker, reports, time.monotonic() - started)
                 where = f"kept at {db_path}" if kept else "a temporary file, now deleted"
                 sys.stdout.write(f"database: {where}\n")
@@ -273,6 +247,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 note("interrupted" + ("; rerun with the same --db to resume" if kept else ""))
     raise_failures(tracker, mode)
     return 0
+
+
+def _server_reports(
+    server: RemoteFakeServer, stores: Sequence[DemoStore]
+) -> dict[tuple[str, str], _PoolReport]:
+    """Each heavy pool as the server counted it; none when the server is gone (a Ctrl-C
+    reaches its process too)."""
+    reports = {}
+    for s in stores:
+        try:
+            stats = server.stats(s.name)
+        except OSError:
+            return {}
+        for resource in RESOURCES:
+            pool = stats.pool(resource)
+            starts = pool.starts
+            span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+            reports[(s.name, resource)] = _PoolReport(
+                achieved=(len(starts) - 1) / span if span > 0 else None,
+                peak=pool.max_in_window(s.heavy[resource].per),
+            )
+    return reports
 
 
 def _summary(
@@ -352,7 +348,7 @@ def cmd_fake_server(args: argparse.Namespace) -> int:
     limits = None if args.no_rate_limits else ServerRateLimits()
 
     def ready(server: FakeAdminServer) -> None:
-        _prewarm(server, server.tokens)
+        server.make_records()
         envs = {name: _env_name(name) for name in server.tokens}
         first, first_token = next(iter(server.tokens.items()))
         pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"

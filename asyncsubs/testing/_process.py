@@ -124,10 +124,14 @@ async def _freeze_survivors() -> None:
         gc.freeze()
 
 
-def _child(conn: Connection, use_uvloop: bool, server_kwargs: dict[str, Any]) -> None:
+def _child(
+    conn: Connection, use_uvloop: bool, make_records: bool, server_kwargs: dict[str, Any]
+) -> None:
     background: set[asyncio.Task[None]] = set()
 
     def ready(server: FakeAdminServer) -> None:
+        if make_records:
+            server.make_records()
         background.add(asyncio.get_running_loop().create_task(_freeze_survivors()))
         conn.send(("ok", server.base_url, server.version, server.tokens))
 
@@ -184,9 +188,14 @@ class RemoteFakeServer:
 
 
 def run_in_process(
-    *, start_timeout: float = 30.0, use_uvloop: bool = False, **server_kwargs: Any
+    *,
+    start_timeout: float = 30.0,
+    use_uvloop: bool = False,
+    make_records: bool = False,
+    **server_kwargs: Any,
 ) -> RemoteFakeServer:
-    """Start ``FakeAdminServer(**server_kwargs)`` in a spawned process; returns once it listens.
+    """Start ``FakeAdminServer(**server_kwargs)`` in a spawned process; returns once it listens
+    (and, with ``make_records``, once every store's records are made: ``make_records()``).
 
     Arguments must be picklable (the config classes are). The child is spawned, not forked, so a
     script calling this needs the usual ``if __name__ == "__main__":`` guard. Use as a context
@@ -199,7 +208,7 @@ def run_in_process(
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(
         target=_child,
-        args=(sender, use_uvloop, server_kwargs),
+        args=(sender, use_uvloop, make_records, server_kwargs),
         name="asyncsubs-fake-server",
         daemon=True,
     )
