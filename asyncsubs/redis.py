@@ -464,6 +464,10 @@ class RedisPacing:
             wait, slowdown = int(reply[0]) / _US, float(reply[1])
             other, stepped = int(reply[2]), int(reply[3]) / _US
         except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                # redis-py can report a cancellation that lands in a command as its
+                # TimeoutError: the caller is cancelled, and no request may go out alone.
+                raise asyncio.CancelledError from None
             self._enter_down(store, exc)
             if fraction is None:
                 raise self._unavailable(store, exc) from exc

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_fixtures import (  # noqa: F401 - the fixtures register by their name=
     RedisServer,
     free_port,
@@ -479,6 +480,36 @@ async def test_a_hung_redis_fails_within_the_timeout() -> None:
         finally:
             await strict.aclose()
             await lenient.aclose()
+
+
+class _CancelledAsTimeout(aioredis.Redis):
+    """A command that reports its cancellation as redis-py 8.1 can: a cancel landing while
+    it reads the reply comes out of its ``asyncio.timeout`` as redis-py's TimeoutError."""
+
+    entered: asyncio.Event
+
+    async def evalsha(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RedisTimeoutError("Timeout reading from 127.0.0.1:6379") from None
+
+
+async def test_a_cancelled_reserve_stays_cancelled_when_redis_py_reports_a_timeout() -> None:
+    """Regression: the fallback took the TimeoutError for an outage and let the cancelled
+    request go out anyway; a bulk job cancelling its tasks then waited on it (a benchmark
+    worker outlived its watchdog)."""
+    client = _CancelledAsTimeout()
+    client.entered = asyncio.Event()
+    pacing = RedisPacing(client, fallback_fraction=0.5)
+    reserving = asyncio.create_task(pacing.reserve("acme", "global", 0.1))
+    await client.entered.wait()
+    reserving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reserving
+    assert not pacing.down
+    await pacing.aclose()
 
 
 async def test_fallback_paces_in_process_at_the_fraction_with_a_warning(
