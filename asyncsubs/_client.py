@@ -245,6 +245,9 @@ class AdminClient:
                 try:
                     return await self._attempt(request, limiter, pool, parse, attempt, call)
                 except AsyncSubsError as exc:  # anything else (cancellation) is never retried
+                    if (task := asyncio.current_task()) is not None and task.cancelling():
+                        # A cancellation a library below reported as a failure (a timeout).
+                        raise asyncio.CancelledError from None
                     exc.attempts = attempt
                     elapsed = time.monotonic() - started
                     delay = retry_delay(self.retry, request, exc, attempt, elapsed)
