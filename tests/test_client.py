@@ -15,9 +15,9 @@ from hostile import WireServer
 
 import asyncsubs
 from asyncsubs import AdminClient, Limits, errors
-from asyncsubs._protocol import build_request
+from asyncsubs._protocol import RawResponse, Request, build_request
 from asyncsubs._transport import AiohttpTransport, on_connected
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
 
 MakeClient = Callable[..., AdminClient]
 
@@ -545,3 +545,41 @@ async def test_the_clients_own_session_reports_each_request_as_it_gets_its_conne
         passed = AiohttpTransport(session, max_response_bytes=1 << 20)
         assert (await passed.send(request, timeout=5.0)).status == 200
     assert seen == [0, 1, 2]
+
+
+class CancelledAsFailure:
+    """A transport that reports its cancellation as a failure, as a library below may (redis-py
+    turns one that lands in a reply into its TimeoutError); counts its sends."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+        self.entered = asyncio.Event()
+
+    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+        self.sends += 1
+        if self.sends > 1:
+            raise AssertionError("a cancelled request was sent again")
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise errors.TransportError("GET orders: no complete response") from None
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_cancelled_request_is_not_retried_whatever_reports_it() -> None:
+    """Regression: a worker cancelling its requests waited on one that its client had sent
+    again, the cancellation having come back as a retryable error."""
+    transport = CancelledAsFailure()
+    client = AdminClient(token="t", base_url="https://subs.example", transport=transport)
+    with no_waiting():  # a retry's backoff takes no time
+        async with client:
+            sending = asyncio.create_task(client.request("GET", "orders/1"))
+            await transport.entered.wait()
+            sending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sending
+    assert transport.sends == 1

@@ -10,7 +10,6 @@ import pytest
 
 from asyncsubs import AdminClient, Limits, Rate, errors
 from asyncsubs._protocol import RawResponse, Request
-from asyncsubs.testing import no_waiting
 
 PAGES = 6
 
@@ -107,41 +106,3 @@ async def test_breaking_out_stops_the_producer() -> None:
 def test_bad_prefetch(bad: Any) -> None:
     with pytest.raises(errors.ConfigError):
         client_for(PagedTransport()).orders.list(prefetch=bad)
-
-
-class CancelledAsFailure:
-    """A transport that reports its cancellation as a failure, as a library below may (redis-py
-    turns one that lands in a reply into its TimeoutError); counts its sends."""
-
-    def __init__(self) -> None:
-        self.sends = 0
-        self.entered = asyncio.Event()
-
-    async def send(self, request: Request, *, timeout: float) -> RawResponse:
-        self.sends += 1
-        if self.sends > 1:
-            raise AssertionError("a cancelled request was sent again")
-        self.entered.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            raise errors.TransportError("GET orders: no complete response") from None
-        raise AssertionError("unreachable")
-
-    async def aclose(self) -> None:
-        pass
-
-
-async def test_a_cancelled_request_is_not_retried_whatever_reports_it() -> None:
-    """Regression: a worker cancelling its requests waited on one that its client had sent
-    again, the cancellation having come back as a retryable error."""
-    transport = CancelledAsFailure()
-    client = AdminClient(token="t", base_url="https://subs.example", transport=transport)
-    with no_waiting():  # a retry's backoff takes no time
-        async with client:
-            sending = asyncio.create_task(client.request("GET", "orders/1"))
-            await transport.entered.wait()
-            sending.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await sending
-    assert transport.sends == 1
