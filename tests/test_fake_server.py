@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import select
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
@@ -925,6 +930,52 @@ async def test_run_in_process(remote: Any, session: aiohttp.ClientSession) -> No
     remote.stop()
     assert not remote.process.is_alive()
     assert remote.process.exitcode == 0
+
+
+def _ignores(pid: int, sig: signal.Signals) -> bool:
+    """Whether ``pid`` has ``sig`` set to SIG_IGN (Linux's /proc: the kernel drops it)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(line for line in status if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+async def test_a_ctrl_c_leaves_a_process_server_to_its_parent(remote: Any) -> None:
+    """A terminal's Ctrl-C reaches the server's process too: it keeps answering (an interrupted
+    demo reads its counts) until the parent stops it."""
+    assert _ignores(remote.process.pid, signal.SIGINT)
+    os.kill(remote.process.pid, signal.SIGINT)
+    assert (await asyncio.to_thread(remote.stats, "acme")).requests == 0
+    remote.stop()
+    assert remote.process.exitcode == 0
+
+
+_ORPHANING_PARENT = """
+import os
+from asyncsubs.testing import run_in_process
+if __name__ == "__main__":
+    remote = run_in_process(stores=["acme"], rate_limits=None)
+    print(remote.process.pid, flush=True)
+    os._exit(0)  # no cleanup: as if killed
+"""
+
+
+def test_a_process_server_ends_when_its_parent_dies() -> None:
+    command = [sys.executable, "-c", _ORPHANING_PARENT]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as parent:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+    assert parent.returncode == 0
+    try:
+        exited = os.pidfd_open(pid)  # readable once the process has ended
+    except ProcessLookupError:
+        return  # ended already
+    try:
+        ended = select.select([exited], [], [], 30)[0] == [exited]
+        if not ended:
+            signal.pidfd_send_signal(exited, signal.SIGKILL)
+        assert ended
+    finally:
+        os.close(exited)
 
 
 def test_make_records_makes_every_stores_records_and_freezes_them() -> None:

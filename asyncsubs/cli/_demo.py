@@ -252,8 +252,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _server_reports(
     server: RemoteFakeServer, stores: Sequence[DemoStore]
 ) -> dict[tuple[str, str], _PoolReport]:
-    """Each heavy pool as the server counted it; none when the server is gone (a Ctrl-C
-    reaches its process too)."""
+    """Each heavy pool as the server counted it; none if its process is gone (it ignores the
+    Ctrl-C that stopped the demo, but may have died)."""
     reports = {}
     for s in stores:
         try:

@@ -15,7 +15,7 @@ import signal
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -33,9 +33,11 @@ async def serve(
     *,
     ready: Callable[[FakeAdminServer], None] | None = None,
     stop: asyncio.Event | None = None,
+    signals: Collection[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
     **server_kwargs: Any,
 ) -> None:
-    """Run a ``FakeAdminServer(**server_kwargs)`` until ``stop`` is set or SIGINT/SIGTERM.
+    """Run a ``FakeAdminServer(**server_kwargs)`` until ``stop`` is set or one of ``signals``
+    arrives (handled only in the main thread).
 
     ``ready(server)`` is called once it listens (e.g. to print ``server.base_url``/tokens).
     """
@@ -43,7 +45,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     installed = []
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
@@ -96,13 +98,17 @@ def serve_forever(
     **server_kwargs: Any,
 ) -> None:
     """Blocking ``serve``: a fresh event loop (uvloop if asked and installed) until a signal."""
+    _run(serve(ready=ready, **server_kwargs), use_uvloop=use_uvloop)
+
+
+def _run(main: Coroutine[Any, Any, None], *, use_uvloop: bool) -> None:
     runner: Callable[..., Any] = asyncio.run
     if use_uvloop:
         with contextlib.suppress(ImportError):
             import uvloop
 
             runner = uvloop.run
-    runner(serve(ready=ready, **server_kwargs))
+    runner(main)
 
 
 #: How often the server process moves what it holds out of the cyclic GC's reach.
@@ -135,8 +141,21 @@ def _child(
         background.add(asyncio.get_running_loop().create_task(_freeze_survivors()))
         conn.send(("ok", server.base_url, server.version, server.tokens))
 
+    async def main() -> None:
+        # Should the parent die without stopping this process, its sentinel (the read end of a
+        # pipe only the parent writes to) reads as closed: this process ends too.
+        stop = asyncio.Event()
+        parent = multiprocessing.parent_process()
+        if parent is not None:
+            asyncio.get_running_loop().add_reader(parent.sentinel, stop.set)
+        await serve(ready=ready, stop=stop, signals=(signal.SIGTERM,), **server_kwargs)
+
+    # Ctrl-C in a terminal reaches every process of the foreground group, this one too. It is the
+    # parent's to handle, and the parent stops this process (RemoteFakeServer.stop) when it is
+    # done with it: an interrupted run can still read the server's counts meanwhile.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        serve_forever(ready=ready, use_uvloop=use_uvloop, **server_kwargs)
+        _run(main(), use_uvloop=use_uvloop)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
