@@ -142,12 +142,18 @@ def _child(
         conn.send(("ok", server.base_url, server.version, server.tokens))
 
     async def main() -> None:
-        # Should the parent die without stopping this process, its sentinel (the read end of a
-        # pipe only the parent writes to) reads as closed: this process ends too.
-        stop = asyncio.Event()
-        parent = multiprocessing.parent_process()
-        if parent is not None:
-            asyncio.get_running_loop().add_reader(parent.sentinel, stop.set)
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        if (parent := multiprocessing.parent_process()) is not None:
+            # Should the parent die without stopping this process, its sentinel (the read end
+            # of a pipe only the parent writes to) reads as closed, and stays so: stop once.
+            sentinel = parent.sentinel
+
+            def parent_gone() -> None:
+                loop.remove_reader(sentinel)
+                stop.set()
+
+            with contextlib.suppress(NotImplementedError):  # a loop without add_reader
+                loop.add_reader(sentinel, parent_gone)
         await serve(ready=ready, stop=stop, signals=(signal.SIGTERM,), **server_kwargs)
 
     # Ctrl-C in a terminal reaches every process of the foreground group, this one too. It is the
