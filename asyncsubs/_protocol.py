@@ -74,7 +74,8 @@ class Request:
 
 @attrs.frozen
 class RawResponse:
-    """What the transport got back. Header names are lower-cased."""
+    """What the transport got back. Header names are lower-cased; a field sent in several lines
+    is one value, its lines joined by ", " (RFC 9110, 5.3)."""
 
     status: int
     headers: Mapping[str, str] = attrs.field(repr=False)
@@ -84,7 +85,8 @@ class RawResponse:
 @attrs.frozen
 class Response:
     """A successful answer from ``AdminClient.request``. ``headers`` are the response's (names
-    lower-cased), ``request_id`` the server's id for the request when it sent one."""
+    lower-cased, a field's lines joined), ``request_id`` the server's id for the request when it
+    sent one."""
 
     status: int
     data: Any

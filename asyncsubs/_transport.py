@@ -155,6 +155,8 @@ class AiohttpTransport:
                 # A HEAD's Content-Length is that of the body a GET would get; none follows.
                 body = b"" if request.method == "HEAD" else await self._read_body(resp, request)
                 headers = {k.lower(): v for k, v in resp.headers.items()}
+                if len(headers) < len(resp.headers):  # a field in several lines (RFC 9110 5.3)
+                    headers = {k: ", ".join(resp.headers.getall(k)) for k in headers}
                 return RawResponse(status=resp.status, headers=headers, body=body)
         except TimeoutError:
             failure = TransportError(

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import orjson
 import pytest
+from hostile import WireServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from virtual_clock import VirtualClock
@@ -382,3 +383,28 @@ async def test_fake_server_headers_reach_the_pacer(style: Literal["ietf", "x"]) 
     assert pool.paced_by == "server"
     assert pool.interval == pytest.approx(0.01 * START)
     assert server.stats("s").rejected == 0
+
+
+async def test_a_policy_sent_in_several_field_lines_is_read_whole() -> None:
+    """A structured-field list may come as several lines of one field (RFC 9110, 5.3): the
+    lower quota on the first line still paces the pool."""
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\n"
+        b'RateLimit-Policy: "second";q=40;w=1\r\nRateLimit-Policy: "hour";q=360000;w=3600\r\n'
+        b'Connection: close\r\n\r\n{"success": true}'
+    )
+    async with WireServer(lambda _: answer) as server:
+        client = AdminClient(
+            token="t",
+            base_url=server.base_url,
+            store="s",
+            limits=Limits(global_rate=Rate(50, per=1.0), heavy={}),
+            limiter=Limiter(),
+        )
+        async with client:
+            for _ in range(2):  # the second paced by what the first's answer said
+                response = await client.request("GET", "shop")
+            pool = client.stats.pools["global"]
+    assert response.headers["ratelimit-policy"].startswith('"second";q=40;w=1, "hour"')
+    assert pool.paced_by == "server"
+    assert pool.interval == pytest.approx(START / 40)
