@@ -223,8 +223,9 @@ def run_in_process(
     (and, with ``make_records``, once every store's records are made: ``make_records()``).
 
     Arguments must be picklable (the config classes are). The child is spawned, not forked, so a
-    script calling this needs the usual ``if __name__ == "__main__":`` guard. Use as a context
-    manager or call ``stop()``::
+    script calling this needs the usual ``if __name__ == "__main__":`` guard. It ignores Ctrl-C
+    (the caller's to handle) and ends when stopped or when the caller's process exits. Use as a
+    context manager or call ``stop()``::
 
         with run_in_process(stores=4, records=100_000, rate_limits=None) as remote:
             remote.base_url, remote.tokens["store-1"]
