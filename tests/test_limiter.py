@@ -184,6 +184,28 @@ async def test_a_start_later_than_the_room_paces_the_next_from_it(clock: Virtual
     assert gaps(starts)[3:] == pytest.approx([0.51] * 4)  # then paced as before
 
 
+@pytest.mark.parametrize(("late", "restarts"), [(0.06, True), (0.04, False)])
+async def test_a_start_keeps_half_the_room_for_the_server(
+    clock: VirtualClock, late: float, restarts: bool
+) -> None:
+    """At 2/s with a 10% margin (a pool at the start margin) three starts span 1.1 s: 0.1 s of
+    room. A start 0.06 s late, inside the room, would leave the server 0.04 s for its own delay
+    before it stamps; past half the room the pace restarts from it. A start late by less than
+    half leaves the pace as it was: no start is lost to the loop's usual lateness."""
+    sl = Limiter().bind("acme", limits(2, 1.0, margin=0.10))
+    starts: list[float] = []
+    for i in range(5):
+        if i == 1:
+            clock.late_once = late
+        await request(sl, "global", starts)
+    if restarts:
+        assert gaps(starts) == pytest.approx([0.55 + late] + [0.55] * 3)
+        assert starts[3] - starts[1] == pytest.approx(1.1)
+    else:
+        assert gaps(starts) == pytest.approx([0.55 + late, 0.55 - late, 0.55, 0.55])
+        assert starts[3] - starts[1] == pytest.approx(1.1 - late)
+
+
 async def test_a_request_whose_connection_comes_late_paces_the_next_from_it(
     clock: VirtualClock,
 ) -> None:
