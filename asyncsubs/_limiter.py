@@ -102,11 +102,10 @@ class Slot:
 
     def sending(self) -> None:
         """The request goes out now (again when a session the client made gives it a connection:
-        a connect delays it unseen); later than half the room, the pool's pace restarts from now:
-        the other half is the server's, for its own delay before it stamps the request."""
+        a connect delays it unseen); past half the room, the pool's pace restarts from now."""
         p, rate = self._pool, self._pool.server_rate or self._pool.rate
         room = rate.n * p.interval - rate.per  # how far n paced starts span beyond a window
-        if asyncio.get_running_loop().time() - self.due > room / 2:
+        if asyncio.get_running_loop().time() - self.due > room / 2:  # half for the server's delay
             self._limiter.pause(p.name, p.interval)  # its whole margin kept from this start
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
