@@ -3,7 +3,9 @@
 Two syncs on one database would resume each other's cursors and share its stores' rate
 limits without knowing it. The lock is the kernel's: it goes with the process however that
 ends (SIGKILL included), so a stale file never blocks the next run; the file only says who
-holds it (pid, host, since when) for the error the second command prints.
+holds it (pid, host, since when) for the error the second command prints. It lies beside the
+database's real path, symlinks resolved as SQLite resolves them; a hard link is a second name
+SQLite cannot tell either (its "How To Corrupt An SQLite Database File", 2.4).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def hold_database(db: Path) -> Iterator[None]:
         return
     import fcntl
 
-    path = db.with_name(db.name + SUFFIX)
+    real = db.resolve()  # one lock however the database is named through symlinks
+    path = real.with_name(real.name + SUFFIX)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
