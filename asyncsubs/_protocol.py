@@ -9,6 +9,7 @@ place (``error_class``).
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import math
 import re
 import time
@@ -53,7 +54,6 @@ DEFAULT_VERSION: Final = "2026-04"
 TOKEN_HEADER: Final = "X-Service-Token"
 USER_AGENT: Final = f"asyncsubs/{__version__}"
 _VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
-_LOOPBACK_HOSTS: Final = frozenset({"localhost", "::1"})
 _SCHEME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
 
 
@@ -119,8 +119,14 @@ def request_id_in(headers: Mapping[str, str]) -> str | None:
 
 
 def is_loopback(host: str) -> bool:
-    host = host.lower()
-    return host in _LOOPBACK_HOSTS or host.startswith("127.")
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1); not a name that merely begins
+    like one (``127.0.0.1.example`` resolves wherever its owner wants)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def shown_url(url: str) -> str:

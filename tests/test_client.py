@@ -360,6 +360,19 @@ def test_config_from_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert AdminClient(token="t", base_url="http://shop.example", allow_insecure=True)
 
 
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1.attacker.example", "127.attacker.example", "localhost.example", "10.0.0.1"]
+)
+def test_plain_http_to_a_name_that_only_looks_local_is_refused(host: str) -> None:
+    with pytest.raises(errors.ConfigError, match="unencrypted"):
+        AdminClient(token="t", base_url=f"http://{host}:8080")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "[::1]", "localhost", "LOCALHOST"])
+def test_plain_http_to_loopback_is_allowed(host: str) -> None:
+    assert AdminClient(token="t", base_url=f"http://{host}:8080").base_url.startswith("http://")
+
+
 async def test_default_store_is_shared_by_same_token_and_base() -> None:
     a = AdminClient(token="T1", base_url="https://a.example")
     b = AdminClient(token="T1", base_url="https://a.example/")
