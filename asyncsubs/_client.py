@@ -37,7 +37,7 @@ from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
 from ._transport import AiohttpTransport, Transport, on_connected
-from .errors import AsyncSubsError, ConfigError, RateLimitError
+from .errors import APIError, AsyncSubsError, ConfigError, RateLimitError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -305,7 +305,7 @@ class AdminClient:
 
         The whole pool waits out the server's Retry-After (a backoff when it sent none); a
         request that would wait longer than ``max_retry_after`` fails fast in the limiter."""
-        retry_after = error.retry_after if isinstance(error, RateLimitError) else None
+        retry_after = error.retry_after if isinstance(error, APIError) else None
         server_limit = parse_server_limit(raw.headers)
         if server_limit is not None:
             hold = retry_after is None and waiting_enabled()  # a Retry-After rules

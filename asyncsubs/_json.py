@@ -48,11 +48,14 @@ def loads(body: bytes | str) -> Any:
     ):
         return orjson.loads(body)  # JSONDecodeError is a ValueError
     try:
-        return json.loads(
+        value = json.loads(
             body.decode("utf-8"), parse_float=_finite_float, parse_constant=_refuse_constant
         )
+        # As orjson: a lone surrogate ("\ud800") is no character (RFC 8259 8.2), so no JSON.
+        json.dumps(value, ensure_ascii=False).encode()  # raises UnicodeEncodeError, a ValueError
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    return value
 
 
 def dumps(value: Any) -> bytes:

@@ -164,8 +164,8 @@ class StoreLimiter:
 
     def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (any, with
-        ``server_limits="follow"``); with nothing remaining, hold the pool until the reset
-        (unless not ``hold``: a Retry-After came) where pacing by the quota does not cover it."""
+        ``server_limits="follow"``); with none left, hold the pool (if ``hold``: no Retry-After)
+        until the reset, unless paced by the quota and due within a second (``t`` is whole s)."""
         mode, p = self.limits.server_limits, self._pool(pool)
         if mode == "ignore":
             return
@@ -173,7 +173,7 @@ class StoreLimiter:
             announced = Rate(limit.quota, per=limit.window or p.rate.per)
             lower = announced.per_second < p.rate.per_second
             p.server_rate = announced if lower or mode == "follow" else None
-        covered = p.server_rate is not None and (limit.reset or 0) <= p.server_rate.per
+        covered = p.server_rate is not None and (limit.reset or 0) <= 1.0
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
 

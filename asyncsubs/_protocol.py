@@ -8,6 +8,7 @@ place (``error_class``).
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import ipaddress
 import math
@@ -55,6 +56,7 @@ TOKEN_HEADER: Final = "X-Service-Token"
 USER_AGENT: Final = f"asyncsubs/{__version__}"
 _VERSION_RE: Final = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
 _SCHEME_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
+_DELAY_SECONDS: Final = re.compile(r"\d+(?:\.\d+)?", re.ASCII)  # not "-1", "1e3" or "١٢٠"
 
 
 @attrs.frozen
@@ -318,23 +320,19 @@ def error_class(status: int, code: str | None) -> type[APIError]:
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date), or None."""
-    if value is None:
-        return None
-    value = value.strip()
+    """Seconds to wait from a Retry-After header, or None: delay-seconds (a fraction tolerated;
+    one too large for a float is 2**31, as RFC 9111 1.2.2 has it) or an HTTP date in any of its
+    three forms (asctime's, with no zone, is GMT too)."""
+    value = (value or "").strip()
+    if _DELAY_SECONDS.fullmatch(value):
+        return min(float(value), 2.0**31)
     try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if not math.isfinite(seconds):
+        when = email.utils.parsedate_to_datetime(value)
+        seconds = when.replace(tzinfo=when.tzinfo or datetime.UTC).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, seconds)
+    seconds -= time.time() if now is None else now
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _decode(method: str, path: str, raw: RawResponse) -> Any:
@@ -395,10 +393,7 @@ def _api_error(method: str, path: str, raw: RawResponse, decoded: Any) -> APIErr
         "headers": MappingProxyType(raw.headers),
         "request_id": rid,
     }
-    if cls is RateLimitError:
-        retry_after = parse_retry_after(raw.headers.get("retry-after"))
-        return RateLimitError(text, retry_after=retry_after, **kwargs)
-    return cls(text, **kwargs)
+    return cls(text, retry_after=parse_retry_after(raw.headers.get("retry-after")), **kwargs)
 
 
 def _envelope_error(method: str, path: str, raw: RawResponse, why: str) -> ProtocolError:

@@ -3,8 +3,8 @@ how long. The loop that applies them is ``AdminClient._call``.
 
 A 429 is not waited out here: the client pauses the store's whole pool in the rate limiter for
 the server's Retry-After (see ``pause_after_429``), and the retried attempt queues behind that
-pause like every other request of the pool. Everything else waits a capped exponential backoff
-with full jitter.
+pause like every other request of the pool. Another error answer with a Retry-After (a 503) waits
+what it says; everything else a capped exponential backoff with full jitter.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def _is_retryable(exc: BaseException, request: Request, policy: RetryPolicy) -> 
     # Only a request the server provably did not process is safe to resend when it is not
     # idempotent, unless the caller opted in.
     may_repeat = request.idempotent or policy.retry_non_idempotent
+    if isinstance(exc, APIError) and (exc.retry_after or 0.0) > policy.max_retry_after:
+        return False  # the server asks for a longer wait than the policy allows: fail fast
     if isinstance(exc, RateLimitError):
-        if 429 not in policy.retry_statuses:
-            return False
-        return exc.retry_after is None or exc.retry_after <= policy.max_retry_after
+        return 429 in policy.retry_statuses
     if isinstance(exc, APIError):
         return exc.status in policy.retry_statuses and may_repeat
     if isinstance(exc, TransportError):
@@ -69,6 +69,8 @@ def retry_delay(
         return None
     if not _waiting or isinstance(exc, RateLimitError):  # a 429 waits in the limiter's pause
         return 0.0
+    if isinstance(exc, APIError) and exc.retry_after is not None:
+        return exc.retry_after  # a 503's Retry-After: the server says when it expects to be back
     return random.uniform(0.0, _backoff_ceiling(policy, attempt))
 
 

@@ -1,25 +1,27 @@
 """What a response says about the server's rate limit: pure parsing, no I/O.
 
-Reads the IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per ``w`` s; other units
-``qu`` skipped), ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t`` s), older drafts'
-``RateLimit-Limit``/``-Remaining``/``-Reset`` and ``X-RateLimit-*`` (no window: the pool's own; the
-reset maybe a Unix time). The lowest quota per second and the item with the fewest left win.
-Malformed values, quotas >= 10**9 and durations over a day (which would stick a pool) are ignored,
-never raised: a hint is advice, a 429 and Retry-After rule.
+The IETF draft's ``RateLimit-Policy: "p";q=40;w=1`` (``q`` requests per ``w`` s, unless ``qu``
+names another unit) and ``RateLimit: "p";r=0;t=1`` (``r`` left, reset in ``t`` s); older drafts'
+``RateLimit-*`` and ``X-RateLimit-*`` (no window: the pool's own; the reset maybe a Unix time).
+Each is read as a structured list (RFC 9651), ignored whole if malformed, as the draft says. The
+lowest quota per second wins; of the items with the fewest left, the latest reset. Non-numbers,
+quotas >= 10**9 and durations over a day (which would stick a pool) are ignored: hints advise.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
 
 import attrs
+import http_sf
 
 __all__ = ["ServerLimit", "parse_server_limit"]
 
 _HUGE, _DAY = 1e9, 86_400.0  # a quota this large is no limit, a reset this large a Unix time
-_NAMES = frozenset(("ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining"))
+_NAMES = {"ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining"}
 _NAMES |= {"x-ratelimit-limit", "x-ratelimit-remaining"}
 
 
@@ -33,33 +35,30 @@ class ServerLimit:
     reset: float | None = None
 
 
-def _number(text: str | None, most: float = math.inf) -> float | None:
+def _number(value: Any, *, whole: bool = False) -> float | None:
+    """A structured Integer (or Decimal, unless ``whole``: ``q``, ``r``) >= 0, else None."""
+    is_number = type(value) is int or (type(value) is Decimal and not whole)  # not a Boolean
+    return float(value) if is_number and value >= 0 else None
+
+
+def _items(field: str | None, bare: str) -> list[dict[str, Any]]:
+    """A structured list's items as their parameters, a bare number as ``bare`` (``100,
+    100;w=60``, ``X-RateLimit-Remaining: 5``); none if the field does not parse."""
     try:
-        value = float((text or "").strip().strip('"'))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and 0 <= value <= most else None
+        parsed: Any = http_sf.parse((field or "").encode(), tltype="list")
+    except ValueError:  # StructuredFieldError, or a character outside ASCII
+        return []
+    return [{bare: v, **params} if _number(v) is not None else params for v, params in parsed]
 
 
-def _items(header: str) -> list[dict[str, str]]:
-    """Structured-field list items as {parameter: raw value}; a bare leading value is "q"."""
-    items = []
-    for item in header.split(","):
-        head, *parts = item.split(";")
-        pairs = (part.partition("=") for part in parts)
-        params = {key.strip().lower(): value.strip().strip('"') for key, _, value in pairs}
-        items.append({"q": head, **params} if _number(head) is not None else params)
-    return items
-
-
-def _policy(header: str) -> tuple[int | None, float | None]:
+def _policy(items: list[dict[str, Any]]) -> tuple[int | None, float | None]:
     """The lowest request quota per second of a list of policies, and its window if named."""
     best: tuple[int | None, float | None] = (None, None)
-    for params in _items(header):
-        q, w = _number(params.get("q"), _HUGE - 1), _number(params.get("w", "1"), _DAY)
-        if params.get("qu", "requests") != "requests" or not q or q < 1 or not w:
+    for params in items:
+        q, w = _number(params.get("q"), whole=True), _number(params.get("w", 1))
+        if str(params.get("qu", "requests")) != "requests" or not q or q >= _HUGE or not w:
             continue  # a quota of bytes or of "content" says nothing about request starts
-        if best[0] is None or q / w < best[0] / (best[1] or 1.0):
+        if w <= _DAY and (best[0] is None or q / w < best[0] / (best[1] or 1.0)):
             best = int(q), (w if "w" in params else None)
     return best
 
@@ -71,15 +70,16 @@ def parse_server_limit(
     if _NAMES.isdisjoint(headers):  # most responses: nothing to read
         return None
 
-    def older(name: str) -> str:  # older drafts' RateLimit-* or the common X-RateLimit-*
-        return headers.get(f"ratelimit-{name}") or headers.get(f"x-ratelimit-{name}") or ""
+    def older(name: str, bare: str) -> list[dict[str, Any]]:  # older drafts' or X-RateLimit-*
+        return _items(headers.get(f"ratelimit-{name}") or headers.get(f"x-ratelimit-{name}"), bare)
 
-    # Older drafts' "RateLimit-Limit: 100, 100;w=60" reads as the quota, then policies.
-    quota, window = _policy(headers.get("ratelimit-policy") or older("limit"))
-    items = [i for i in _items(headers.get("ratelimit", "")) if _number(i.get("r")) is not None]
-    current = min(items, key=lambda i: _number(i["r"]) or 0.0) if items else {}
-    remaining = _number(current.get("r") or older("remaining"))
-    reset = _number(current.get("t") or older("reset"))
+    quota, window = _policy(_items(headers.get("ratelimit-policy"), "q") or older("limit", "q"))
+    plain = {**next(iter(older("remaining", "r")), {}), **next(iter(older("reset", "t")), {})}
+    items = [*_items(headers.get("ratelimit"), "r"), plain]
+    items = [i for i in items if _number(i.get("r"), whole=True) is not None]
+    # The fewest left binds; of several with none left, the latest reset.
+    left = min(items, key=lambda i: (i["r"], -(_number(i.get("t")) or 0.0)), default={})
+    remaining, reset = _number(left.get("r"), whole=True), _number(left.get("t"))
     if reset is not None and reset >= _HUGE:  # a Unix time
         reset = max(0.0, reset - (time.time() if now is None else now))
     reset = reset if reset is not None and reset <= _DAY else None

@@ -11,12 +11,12 @@
     ├── ProtocolError              a response that breaks the contract: bad JSON, no envelope,
     │                              cursor loop, body too large
     └── APIError                   the server answered with an error: .status .code .message
-        │                          .body .headers .request_id
+        │                          .body .headers .request_id .retry_after
         ├── BadRequestError            400/422
         ├── AuthenticationError        401
         │   └── PermissionDeniedError  403
         ├── NotFoundError              404
-        ├── RateLimitError             429 once retries are spent; .retry_after
+        ├── RateLimitError             429 once retries are spent
         └── ServerError                5xx once retries are spent
 
 No other exception type escapes the client for a bad response. Messages name the HTTP method and
@@ -132,7 +132,8 @@ class APIError(AsyncSubsError):
     ``body`` is the decoded JSON body when it was JSON, else a short excerpt of the text.
     ``headers`` are the response's headers (names lower-cased; nothing of the request's), and
     ``request_id`` the server's id for the request (``X-Request-Id`` or a similar header) when it
-    sent one: what the service's support asks for.
+    sent one: what the service's support asks for. ``retry_after`` is the wait in seconds its
+    Retry-After asked for (a 429's, a 503's), None without one.
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class APIError(AsyncSubsError):
         path: str = "",
         headers: Mapping[str, str] | None = None,
         request_id: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -157,6 +159,7 @@ class APIError(AsyncSubsError):
         self.path = path
         self.headers: Mapping[str, str] = MappingProxyType({}) if headers is None else headers
         self.request_id = request_id
+        self.retry_after = retry_after
 
 
 class BadRequestError(APIError):
@@ -176,14 +179,8 @@ class NotFoundError(APIError):
 
 
 class RateLimitError(APIError):
-    """429 once retries are spent, or a Retry-After longer than the policy allows.
-
-    ``retry_after`` is the server's requested wait in seconds, or None if it sent none.
-    """
-
-    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
+    """429 once retries are spent, or a wait (Retry-After, a pool's pause) longer than the policy
+    allows; ``retry_after`` says how long, or is None when the server did not."""
 
 
 class ServerError(APIError):

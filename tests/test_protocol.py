@@ -247,11 +247,31 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after(None) is None
     assert parse_retry_after("2") == 2.0
     assert parse_retry_after("0.5") == 0.5
-    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after(" 7 ") == 7.0
     assert parse_retry_after("soon") is None
-    assert parse_retry_after("nan") is None
+    # delay-seconds is digits (RFC 9110 10.2.3): no sign, exponent, NaN or other scripts' digits.
+    for bad in ("-3", "-0", "+5", "nan", "inf", "1e3", "1_0", "\u0661\u0662\u0660", "", " "):
+        assert parse_retry_after(bad) is None, bad
+    # Too large for a float: 2**31 s, as RFC 9111 1.2.2 has it (then capped by the caller).
+    assert parse_retry_after("9" * 400) == 2.0**31
     date = email.utils.formatdate(1_000_030, usegmt=True)
     assert parse_retry_after(date, now=1_000_000) == pytest.approx(30.0)
+    # The obsolete forms a recipient must accept too (RFC 9110 5.6.7); asctime's is GMT.
+    assert parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now=784111747) == 30.0
+    assert parse_retry_after("Sun Nov  6 08:49:37 1994", now=784111747) == 30.0
+    # A date no calendar holds is no date, however large its numbers.
+    for bad in ("Mon, 01 Jan 2030 99999999999999999999:00:00 GMT", "Mon, 99 Jan 2030 00:00 GMT"):
+        assert parse_retry_after(bad) is None
+
+
+def test_a_lone_surrogate_is_not_json_on_either_decoder() -> None:
+    """orjson refuses one; the exact-integer path (a number beyond 64 bits) must too, or the
+    string reaches a cursor that cannot be encoded into the next request."""
+    for body in (b'{"c": "\\ud800"}', b'{"n": 18446744073709551617, "c": "\\ud800"}'):
+        with pytest.raises(ValueError):
+            _json.loads(body)
+    pair = b'{"n": 18446744073709551617, "c": "\\ud83d\\ude00"}'
+    assert _json.loads(pair)["c"] == "\U0001f600"
 
 
 def test_integers_beyond_64_bits_stay_exact() -> None:

@@ -88,8 +88,13 @@ NOW = 1_700_000_000.0  # a Unix time, for epoch resets
             ServerLimit(remaining=0, reset=0.0),
         ),
         ({"x-ratelimit-remaining": "0"}, ServerLimit(remaining=0)),
-        # Fractional and quoted numbers are read; the IETF policy wins over X- headers.
-        ({"x-ratelimit-limit": ' "12.9" '}, ServerLimit(quota=12)),
+        # Spaces around a number are allowed; a fractional reset is read; the IETF policy wins
+        # over X- headers.
+        ({"x-ratelimit-limit": " 12 "}, ServerLimit(quota=12)),
+        (
+            {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "2.5"},
+            ServerLimit(remaining=0, reset=2.5),
+        ),
         (
             {"ratelimit-policy": '"p";q=20;w=1', "x-ratelimit-limit": "5"},
             ServerLimit(quota=20, window=1.0),
@@ -107,22 +112,73 @@ def test_no_rate_headers_is_none() -> None:
     assert parse_server_limit({"x-ratelimit-reset": "5"}, now=NOW) is None
 
 
-@pytest.mark.parametrize(
-    "value", ["", " ", "abc", "-1", "-0.5", "nan", "NaN", "inf", "-inf", "1e400", "0x10", '""']
-)
+# Values the structured-field syntax (RFC 9651) allows that are no count or duration, and values
+# it rejects, which make the whole field ignored, as the draft says.
+NOT_NUMBERS = ["abc", "nan", "inf", "-1", "-0.5", '""', '"5"', "?1"]
+NOT_SYNTAX = ["", " ", "-inf", "1e400", "0x10", "1e1", "1_0", "\u0665", "(1 2)", '"a']
+
+
+@pytest.mark.parametrize("value", NOT_NUMBERS + NOT_SYNTAX)
 def test_malformed_values_are_ignored(value: str) -> None:
     for name in ("ratelimit-limit", "x-ratelimit-limit", "x-ratelimit-remaining"):
         assert parse_server_limit({name: value}, now=NOW) is None
     assert parse_server_limit({"ratelimit-policy": f'"p";q={value};w=1'}, now=NOW) is None
     assert parse_server_limit({"ratelimit": f'"p";r={value};t=1'}, now=NOW) is None
-    # A bad window skips the policy; a bad reset leaves the rest standing.
     assert parse_server_limit({"ratelimit-policy": f'"p";q=5;w={value}'}, now=NOW) is None
+    # A bad plain reset leaves the rest standing.
     assert parse_server_limit(
         {"x-ratelimit-remaining": "0", "x-ratelimit-reset": value}, now=NOW
     ) == ServerLimit(remaining=0)
-    assert parse_server_limit({"ratelimit": f'"p";r=0;t={value}'}, now=NOW) == ServerLimit(
-        remaining=0
-    )
+
+
+@pytest.mark.parametrize("value", NOT_NUMBERS)
+def test_a_parameter_that_is_no_number_leaves_its_item(value: str) -> None:
+    limit = parse_server_limit({"ratelimit": f'"p";r=0;t={value}'}, now=NOW)
+    assert limit == ServerLimit(remaining=0)
+
+
+@pytest.mark.parametrize("value", NOT_SYNTAX)
+def test_a_field_that_does_not_parse_is_ignored_whole(value: str) -> None:
+    assert parse_server_limit({"ratelimit": f'"p";r=0;t={value}'}, now=NOW) is None
+    policies = f'"a";q=10;w=1, "b";q=20;w={value}'
+    assert parse_server_limit({"ratelimit-policy": policies}, now=NOW) is None
+
+
+def test_counts_are_integers() -> None:
+    """``q`` and ``r`` are Integers in the draft: a fraction there makes the item malformed."""
+    assert parse_server_limit({"ratelimit-policy": '"p";q=12.9;w=1'}) is None
+    assert parse_server_limit({"ratelimit": '"p";r=0.5;t=3'}) is None
+    assert parse_server_limit({"x-ratelimit-remaining": "0.5"}) is None
+    # Durations may be fractions (a server that means finer than the draft's whole seconds).
+    assert parse_server_limit({"ratelimit-policy": '"p";q=20;w=0.5'}) == ServerLimit(20, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        # A String may hold what separates items and parameters elsewhere.
+        ({"ratelimit-policy": '"p";q=100;w=1;note="max 5, 2"'}, ServerLimit(100, 1.0)),
+        ({"ratelimit-policy": '"5, 10";q=100;w=1'}, ServerLimit(100, 1.0)),
+        ({"ratelimit": '"x;t=86400";r=0'}, ServerLimit(remaining=0)),
+        (
+            {"ratelimit": '"p";r=50;t=30;x="a, b;r=0;t=86400"'},
+            ServerLimit(remaining=50, reset=30.0),
+        ),
+        # Of several policies with nothing left, the one that resets last binds.
+        (
+            {"ratelimit": '"burst";r=0;t=1, "day";r=0;t=3600'},
+            ServerLimit(remaining=0, reset=3600.0),
+        ),
+        ({"ratelimit": '"a";r=0, "b";r=0;t=60'}, ServerLimit(remaining=0, reset=60.0)),
+        # The IETF items and the plain fields are read together: the fewest left binds.
+        (
+            {"ratelimit": '"p";r=5;t=1', "x-ratelimit-remaining": "0", "x-ratelimit-reset": "3"},
+            ServerLimit(remaining=0, reset=3.0),
+        ),
+    ],
+)
+def test_structured_lists(headers: dict[str, str], expected: ServerLimit) -> None:
+    assert parse_server_limit(headers, now=NOW) == expected
 
 
 def test_zero_and_huge_values_are_ignored() -> None:
@@ -131,12 +187,12 @@ def test_zero_and_huge_values_are_ignored() -> None:
     assert parse_server_limit({"x-ratelimit-limit": "1" + "0" * 30}) is None
     assert parse_server_limit({"ratelimit-policy": '"p";q=1000000000;w=1'}) is None
     # A window or a reset of more than a day would pace the pool, or hold it, for good.
-    assert parse_server_limit({"ratelimit-policy": '"p";q=1;w=1e300'}) is None
-    assert parse_server_limit({"ratelimit": '"p";r=0;t=1e300'}) == ServerLimit(remaining=0)
-    far = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1e300"}
+    assert parse_server_limit({"ratelimit-policy": '"p";q=1;w=86401'}) is None
+    assert parse_server_limit({"ratelimit": '"p";r=0;t=86401'}) == ServerLimit(remaining=0)
+    far = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "999999999"}
     assert parse_server_limit(far, now=NOW) == ServerLimit(remaining=0)
-    # A good policy beside a broken one still counts.
-    mixed = {"ratelimit-policy": '"a";q=nan;w=1, "b";q=20;w=1e300, "c";q=30;w=1'}
+    # A good policy beside ones that say nothing still counts.
+    mixed = {"ratelimit-policy": '"a";q=0;w=1, "b";q=20;w=100000, "c";q=30;w=1'}
     assert parse_server_limit(mixed) == ServerLimit(quota=30, window=1.0)
 
 
@@ -346,6 +402,18 @@ async def test_nothing_remaining_within_the_announced_pacing_holds_nothing(
     assert gaps(transport.sends) == pytest.approx([0.1 * START, 0.2 * START])
 
 
+async def test_nothing_remaining_for_longer_than_a_second_holds_the_paced_pool(
+    clock: VirtualClock, waiting: None
+) -> None:
+    """Paced by a quota of 100 a minute, a pool told none is left for 45 s (spent by another
+    client of the store) holds: its pacing would start again within a second."""
+    headers = {"ratelimit-policy": '"m";q=100;w=60', "ratelimit": '"m";r=0;t=45'}
+    transport = Scripted((200, headers), (200, {}))
+    async with scripted_client(transport) as client:
+        await send(client, 2)
+    assert gaps(transport.sends) == pytest.approx([45.0])
+
+
 async def test_retry_after_takes_precedence_over_the_reset(
     clock: VirtualClock, waiting: None
 ) -> None:
@@ -408,3 +476,35 @@ async def test_a_policy_sent_in_several_field_lines_is_read_whole() -> None:
     assert response.headers["ratelimit-policy"].startswith('"second";q=40;w=1, "hour"')
     assert pool.paced_by == "server"
     assert pool.interval == pytest.approx(START / 40)
+
+
+async def test_a_503_retry_after_takes_precedence_and_is_waited(
+    clock: VirtualClock, waiting: None
+) -> None:
+    """RFC 9110 10.2.3: a 503's Retry-After says when the service expects to be back; and the
+    draft: a Retry-After takes precedence over a reset."""
+    unavailable = {"retry-after": "2", "ratelimit": '"d";r=0;t=600'}
+    transport = Scripted((503, unavailable), (200, {}))
+    async with scripted_client(transport) as client:
+        await send(client, 1)
+    assert gaps(transport.sends) == pytest.approx([2.0])
+
+
+async def test_a_retry_after_longer_than_the_policy_allows_fails_a_503_at_once(
+    clock: VirtualClock, waiting: None
+) -> None:
+    transport = Scripted((503, {"retry-after": "600"}), (200, {}))
+    async with scripted_client(transport) as client:
+        with pytest.raises(errors.ServerError) as info:
+            await send(client, 1)
+    assert (info.value.retry_after, info.value.attempts, len(transport.sends)) == (600.0, 1, 1)
+
+
+async def test_a_malformed_retry_after_leaves_the_hold_to_the_reset(
+    clock: VirtualClock, waiting: None
+) -> None:
+    refused = {"retry-after": "-1", "ratelimit": '"d";r=0;t=30'}
+    transport = Scripted((429, refused), (200, {}))
+    async with scripted_client(transport) as client:
+        await send(client, 1)
+    assert gaps(transport.sends) == pytest.approx([30.0])
