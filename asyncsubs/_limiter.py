@@ -56,8 +56,7 @@ class MemoryPacing:
         self._loops = weakref.WeakKeyDictionary[Any, dict[tuple[str, str], _Shared]]()
 
     def _shared(self, store: str, pool: str) -> tuple[float, _Shared]:
-        loop = asyncio.get_running_loop()
-        pools = self._loops.setdefault(loop, {})
+        pools = self._loops.setdefault(loop := asyncio.get_running_loop(), {})
         return loop.time(), pools.get((store, pool)) or pools.setdefault((store, pool), _Shared())
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
@@ -227,6 +226,7 @@ class StoreLimiter:
                         held = (now := loop.time()) < p.pause_until  # this process's view
                         due = p.pause_until if held else await self._reserve(p, now)
                         if (wait := due - loop.time()) > max_wait:
+                            p.pause_until = max(p.pause_until, due)  # the rest here claim none
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
                             message += f" {wait:.1f}s, longer than RetryPolicy.max_retry_after"
                             raise RateLimitError(message, retry_after=wait, status=429)

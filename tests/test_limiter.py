@@ -527,6 +527,27 @@ async def test_a_wait_longer_than_max_wait_fails_fast(clock: VirtualClock) -> No
     assert sl.stats().pools["global"].waiting == 0
 
 
+async def test_requests_that_fail_fast_claim_one_slot_between_them(clock: VirtualClock) -> None:
+    """Another process paused the store for longer than ``max_wait``: this one's requests fail at
+    once, and only the first claims a slot (the backend's answer), so when the pause is near its
+    end a request starts one interval after it, not one interval per refused request."""
+    backend = MemoryPacing()
+    here = Limiter(backend).bind("acme", limits(10, 1.0))
+    Limiter(backend).bind("acme", limits(10, 1.0)).pause("global", 130.0)
+    await asyncio.sleep(0)  # the other process's pause reaches the backend
+    t0 = clock.now
+    for _ in range(10):
+        with pytest.raises(RateLimitError):
+            async with here.slot("global", max_wait=120.0):
+                pass
+    assert clock.now == t0
+    await asyncio.sleep(15.0)
+    starts: list[float] = []
+    async with here.slot("global", max_wait=120.0):
+        starts.append(clock.now)
+    assert starts == [pytest.approx(t0 + 130.0 + 0.1)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Cancellation
 

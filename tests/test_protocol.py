@@ -268,7 +268,7 @@ def test_a_lone_surrogate_is_not_json_on_either_decoder() -> None:
     """orjson refuses one; the exact-integer path (a number beyond 64 bits) must too, or the
     string reaches a cursor that cannot be encoded into the next request."""
     for body in (b'{"c": "\\ud800"}', b'{"n": 18446744073709551617, "c": "\\ud800"}'):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="surrogate"):
             _json.loads(body)
     pair = b'{"n": 18446744073709551617, "c": "\\ud83d\\ude00"}'
     assert _json.loads(pair)["c"] == "\U0001f600"

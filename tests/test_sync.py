@@ -593,9 +593,12 @@ def test_second_sync_on_a_database_in_use_exits_2_naming_the_holder(
 def test_a_database_in_use_is_in_use_through_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "real.db").touch()
     (tmp_path / "alias.db").symlink_to(tmp_path / "real.db")
-    with hold_database(tmp_path / "real.db"), pytest.raises(ConfigError, match="in use"):
-        with hold_database(tmp_path / "alias.db"):
-            pass
+    with (
+        hold_database(tmp_path / "real.db"),
+        pytest.raises(ConfigError, match="in use"),
+        hold_database(tmp_path / "alias.db"),
+    ):
+        pass
 
 
 def test_config_sets_the_pacer_margins_and_server_limits(tmp_path: Path) -> None:
