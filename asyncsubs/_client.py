@@ -31,13 +31,14 @@ from ._protocol import (
     parse_response,
     request_headers,
     versioned_base,
+    without_secret,
 )
 from ._retry import pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
 from ._transport import AiohttpTransport, Transport, on_connected
-from .errors import APIError, AsyncSubsError, ConfigError, RateLimitError
+from .errors import APIError, AsyncSubsError, ConfigError, ProtocolError, RateLimitError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -288,10 +289,26 @@ class AdminClient:
             try:
                 result = parse(request.method, request.path, raw)
             except AsyncSubsError as exc:
-                self._heed_limits(limiter, slot, raw, exc, number)
-                raise
-            self._heed_limits(limiter, slot, raw, None, number)
-            return result
+                error = exc
+            else:
+                self._heed_limits(limiter, slot, raw, None, number)
+                return result
+            if (clean := without_secret(raw, self._token)) is not None:
+                error = self._error_without_token(request, parse, clean)
+            self._heed_limits(limiter, slot, raw, error, number)
+            raise error  # outside the handler: no chain keeps an error that held the token
+
+    @staticmethod
+    def _error_without_token(
+        request: Request, parse: Callable[[str, str, RawResponse], object], clean: RawResponse
+    ) -> AsyncSubsError:
+        """The error of an answer that echoed the token, built again from it without the token."""
+        try:
+            parse(request.method, request.path, clean)
+        except AsyncSubsError as exc:
+            return exc
+        message = "an answer that holds the client's token (not shown) and cannot be read"
+        return ProtocolError(f"{request.method} {request.path}: HTTP {clean.status}: {message}")
 
     def _heed_limits(
         self,

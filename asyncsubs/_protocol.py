@@ -48,6 +48,7 @@ __all__ = [
     "parse_response",
     "parse_retry_after",
     "versioned_base",
+    "without_secret",
 ]
 
 #: The interface version this client implements (the path's ``/admin/{version}/``).
@@ -82,6 +83,16 @@ class RawResponse:
     status: int
     headers: Mapping[str, str] = attrs.field(repr=False)
     body: bytes = attrs.field(repr=False)
+
+
+def without_secret(raw: RawResponse, secret: str) -> RawResponse | None:
+    """``raw`` with ``secret`` (the token, echoed by a server or a proxy) put as ``***`` in its
+    body and headers, to build an error from; None when it holds no ``secret``."""
+    encoded = secret.encode()
+    if encoded not in raw.body and not any(secret in value for value in raw.headers.values()):
+        return None
+    headers = {name: value.replace(secret, "***") for name, value in raw.headers.items()}
+    return RawResponse(raw.status, headers, raw.body.replace(encoded, b"***"))
 
 
 @attrs.frozen

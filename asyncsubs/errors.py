@@ -22,7 +22,9 @@
 No other exception type escapes the client for a bad response. Messages name the HTTP method and
 the request path (relative to the versioned base URL) and never contain the token: the token is
 never passed to any of these constructors, and no exception of the HTTP library is chained to them
-(aiohttp's carry the request, headers and all, in their arguments), only a description of it.
+(aiohttp's carry the request, headers and all, in their arguments), only a description of it. An
+answer that echoes the token (a server's message, a proxy's error page, a Location) gives an error
+built from the answer with the token as ``***``.
 """
 
 from __future__ import annotations

@@ -340,6 +340,7 @@ def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
 
 
 CANARY = "CANARY-token-5b1f0e"
+_ECHO = CANARY.encode()
 _OK = b'{"success": true, "data": null}'
 
 
@@ -366,6 +367,15 @@ _WIRE_ANSWERS = {
     "bad envelope": _http("200 OK", b'{"success": "yes"}'),
     "redirect": _http("302 Found", b"", b"Location: http://127.0.0.1:9/steal"),
     "too large": _http("200 OK", b'{"x": "' + b"y" * 2_000 + b'"}'),
+    # A server or a proxy that echoes the token: the client knows it and leaves it out.
+    "401 echo": _http(
+        "401 Unauthorized",
+        b'{"success": false, "code": "UNAUTHORIZED", "message": "bad token ' + _ECHO + b'"}',
+    ),
+    "500 html echo": _http("500 Oops", b"<pre>X-Service-Token: " + _ECHO + b"</pre>"),
+    "bad JSON echo": _http("200 OK", b'{"token": "' + _ECHO + b'", "success": tr'),
+    "redirect echo": _http("302 Found", b"", b"Location: https://login.example/?t=" + _ECHO),
+    "request id echo": _http("503 Unavailable", b"{}", b"X-Request-Id: " + _ECHO),
 }
 
 
