@@ -26,6 +26,7 @@ import pytest
 
 from asyncsubs import AdminClient
 from asyncsubs.__main__ import main
+from asyncsubs._client import store_fingerprint
 from asyncsubs.cli._checkpoint import PullCheckpoint
 from asyncsubs.cli._config_file import load_config
 from asyncsubs.cli._demo import _env_name
@@ -154,6 +155,7 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     checkpoint = PullCheckpoint(
         resource="customers",
         base_url=versioned_base(server),
+        credentials=store_fingerprint(versioned_base(server), server.store("acme").token),
         after_cursor=None,
         cursor=page_cursors(server, "customers", 50)[0],
         offset=len(first),
@@ -172,6 +174,21 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     assert main(pull_args(server, "orders", "-o", str(out), "--restart", "-q")) == 0
     assert out.read_bytes() == jsonl(server.records("acme", "orders"))
     assert not PullCheckpoint.path_for(out).exists()
+    # Nor one of another store behind the same URL: the token chooses the store.
+    checkpoint.save(out)
+    assert main(pull_args(server, "customers", "-o", str(out), store="globex")) == 2
+    err = capsys.readouterr().err
+    assert "with another token; pass --restart to start over" in err
+    assert server.store("globex").token not in err
+    assert server.store("acme").token not in PullCheckpoint.path_for(out).read_text()
+
+
+def test_pull_into_a_directory_that_does_not_exist_says_so(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    out = tmp_path / "no" / "such.jsonl"
+    assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 2
+    assert f"cannot write {out}: no such directory" in capsys.readouterr().err
 
 
 def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
@@ -184,6 +201,7 @@ def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
     checkpoint = PullCheckpoint(
         resource="orders",
         base_url=versioned_base(server),
+        credentials=store_fingerprint(versioned_base(server), server.store("acme").token),
         after_cursor=after_first,
         cursor=after_second,
         offset=out.stat().st_size,

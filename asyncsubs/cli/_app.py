@@ -26,6 +26,7 @@ import attrs
 import orjson
 
 from .. import AdminClient, Limits, Rate, RetryPolicy, __version__
+from .._client import store_fingerprint
 from .._protocol import DEFAULT_VERSION
 from ..errors import AsyncSubsError, ConfigError
 from ._checkpoint import PullCheckpoint
@@ -366,19 +367,21 @@ def _client(args: argparse.Namespace) -> AdminClient:
 
 
 def _open_output(
-    args: argparse.Namespace, base_url: str
+    args: argparse.Namespace, base_url: str, credentials: str
 ) -> tuple[IO[bytes], PullCheckpoint | None]:
     """``-o FILE`` opened to write at the end of its checkpointed prefix (a rerun continues),
     or from the start (no checkpoint, or ``--restart``)."""
     output = Path(args.output)
     checkpoint = None if args.restart else PullCheckpoint.load(output)
     if checkpoint is not None:
-        this_pull = (args.resource, base_url, args.after_cursor)
-        if (checkpoint.resource, checkpoint.base_url, checkpoint.after_cursor) != this_pull:
+        this_pull = (args.resource, base_url, credentials, args.after_cursor)
+        that = checkpoint
+        if (that.resource, that.base_url, that.credentials, that.after_cursor) != this_pull:
             after = "" if checkpoint.after_cursor is None else " after another cursor"
+            token = "" if checkpoint.credentials == credentials else " with another token"
             raise ConfigError(
                 f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
-                f"{checkpoint.base_url}{after}; pass --restart to start over"
+                f"{checkpoint.base_url}{token}{after}; pass --restart to start over"
             )
     try:
         if checkpoint is None:
@@ -386,6 +389,8 @@ def _open_output(
             return open(output, "wb"), None
         out = open(output, "r+b")  # noqa: SIM115 - the caller closes it
     except FileNotFoundError:
+        if checkpoint is None:  # no such directory
+            raise ConfigError(f"cannot write {output}: no such directory") from None
         raise ConfigError(
             f"{output} is gone but its checkpoint is not; pass --restart to start over"
         ) from None
@@ -415,8 +420,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     opened: IO[bytes] | None = None
     checkpoint: PullCheckpoint | None = None
     output = None if args.output is None else Path(args.output)
+    credentials = store_fingerprint(client.base_url, client._token)  # one way: no token
     if args.output is not None:
-        opened, checkpoint = _open_output(args, client.base_url)
+        opened, checkpoint = _open_output(args, client.base_url, credentials)
     out = opened if opened is not None else sys.stdout.buffer
     before = 0 if checkpoint is None else checkpoint.records
     pages_before = 0 if checkpoint is None else checkpoint.pages
@@ -432,6 +438,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         PullCheckpoint(
             resource=args.resource,
             base_url=client.base_url,
+            credentials=credentials,
             after_cursor=args.after_cursor,
             cursor=cursor,
             offset=out.tell(),

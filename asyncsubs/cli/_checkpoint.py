@@ -27,12 +27,14 @@ SUFFIX: Final = ".asyncsubs-checkpoint"
 @attrs.frozen
 class PullCheckpoint:
     """A pull's position: ``offset`` bytes of FILE hold ``records`` records in ``pages``
-    pages, and ``cursor`` continues after them. ``resource``, ``base_url`` and
-    ``after_cursor`` (the command's ``--after-cursor``) say which pull it belongs to, so a
-    different command on the same FILE does not continue it."""
+    pages, and ``cursor`` continues after them. ``resource``, ``base_url``, ``credentials`` (a
+    one-way fingerprint of base URL and token: the token chooses the store) and ``after_cursor``
+    (the command's ``--after-cursor``) say which pull it belongs to, so a different command on
+    the same FILE does not continue it."""
 
     resource: str
     base_url: str
+    credentials: str
     after_cursor: str | None
     cursor: str
     offset: int
