@@ -601,6 +601,18 @@ def test_a_database_in_use_is_in_use_through_a_symlink(tmp_path: Path) -> None:
         pass
 
 
+@pytest.mark.parametrize("pasted", ["tok_SECRET_123", "tok-SECRET-123"])
+def test_a_token_pasted_as_token_env_is_not_shown(tmp_path: Path, pasted: str) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        f'[stores.a]\nbase_url = "https://a.example"\ntoken_env = "{pasted}"\n', encoding="utf-8"
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {})
+    assert pasted not in str(info.value)
+    assert "stores.a.token_env" in str(info.value)
+
+
 def test_config_sets_the_pacer_margins_and_server_limits(tmp_path: Path) -> None:
     path = tmp_path / "stores.toml"
     path.write_text(

@@ -485,8 +485,8 @@ def test_listen_needs_a_secret_variable_per_store(tmp_path: Path) -> None:
     assert info.value.problems == (
         "stores.acme: webhook_secret_env is required with --listen (the name of the "
         "environment variable holding the store's webhook secret)",
-        "stores.globex.webhook_secret_env: must be the NAME of an environment variable, got "
-        "'not a name'",
+        "stores.globex.webhook_secret_env: must be the NAME of an environment variable, like "
+        "ACME_TOKEN (what it holds is not shown: it may be the secret itself)",
     )
     config.write_text(config.read_text().replace("not a name", "G_SECRET"), encoding="utf-8")
     config.write_text(

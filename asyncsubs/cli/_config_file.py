@@ -67,6 +67,7 @@ _LIMIT_KEYS: Final = frozenset({"global", "heavy", "max_in_flight", *_MARGIN_KEY
 _SERVER_LIMITS: Final = ("lower", "follow", "ignore")
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -310,8 +311,17 @@ def _version(value: object) -> str:
 
 def _env_name(value: object) -> str:
     if not isinstance(value, str) or not _ENV_RE.match(value):
-        raise ConfigError(f"must be the NAME of an environment variable, got {value!r}")
+        raise ConfigError(
+            "must be the NAME of an environment variable, like ACME_TOKEN (what it holds is not "
+            "shown: it may be the secret itself)"
+        )
     return value
+
+
+def _shown_env(name: str) -> str:
+    """An environment variable's name as a message shows it: an upper-case name as it is, any
+    other (a token pasted where its variable's name goes) not at all."""
+    return name if _SHOWN_ENV_RE.fullmatch(name) else "(a name not in upper case, not shown)"
 
 
 def _resource_names(value: object) -> tuple[str, ...]:
@@ -487,13 +497,14 @@ def _store(
     if token_env is not None:
         if not env.get(token_env):
             state = "is empty" if token_env in env else "is not set"
-            problems.add(origin("token_env"), f"environment variable {token_env} {state}")
+            message = f"environment variable {_shown_env(token_env)} {state}"
+            problems.add(origin("token_env"), message)
         else:
             try:
                 _check_setting(token=env[token_env])
                 token = env[token_env]
             except ConfigError as exc:
-                problems.add(origin("token_env"), f"{token_env}: {exc}")
+                problems.add(origin("token_env"), f"{_shown_env(token_env)}: {exc}")
 
     webhook_secret = ""
     secret_env = values.get("webhook_secret_env")
@@ -507,7 +518,8 @@ def _store(
     elif listen and secret_env is not None:
         if not env.get(secret_env):
             state = "is empty" if secret_env in env else "is not set"
-            problems.add(origin("webhook_secret_env"), f"environment variable {secret_env} {state}")
+            message = f"environment variable {_shown_env(secret_env)} {state}"
+            problems.add(origin("webhook_secret_env"), message)
         else:
             webhook_secret = env[secret_env]
 
