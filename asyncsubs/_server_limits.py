@@ -10,6 +10,7 @@ quotas >= 10**9 and durations over a day (which would stick a pool) are ignored:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -41,17 +42,18 @@ def _number(value: Any, *, whole: bool = False) -> float | None:
     return float(value) if is_number and value >= 0 else None
 
 
-def _items(field: str | None, bare: str) -> list[dict[str, Any]]:
+@functools.lru_cache(maxsize=256)  # a server repeats its fields: parsed once, read-only after
+def _items(field: str | None, bare: str) -> tuple[dict[str, Any], ...]:
     """A structured list's items as their parameters, a bare number as ``bare`` (``100,
     100;w=60``, ``X-RateLimit-Remaining: 5``); none if the field does not parse."""
     try:
         parsed: Any = http_sf.parse((field or "").encode(), tltype="list")
     except ValueError:  # StructuredFieldError, or a character outside ASCII
-        return []
-    return [{bare: v, **params} if _number(v) is not None else params for v, params in parsed]
+        return ()
+    return tuple({bare: v, **params} if _number(v) is not None else params for v, params in parsed)
 
 
-def _policy(items: list[dict[str, Any]]) -> tuple[int | None, float | None]:
+def _policy(items: tuple[dict[str, Any], ...]) -> tuple[int | None, float | None]:
     """The lowest request quota per second of a list of policies, and its window if named."""
     best: tuple[int | None, float | None] = (None, None)
     for params in items:
@@ -70,19 +72,17 @@ def parse_server_limit(
     if _NAMES.isdisjoint(headers):  # most responses: nothing to read
         return None
 
-    def older(name: str, bare: str) -> list[dict[str, Any]]:  # older drafts' or X-RateLimit-*
+    def older(name: str, bare: str) -> tuple[dict[str, Any], ...]:  # older drafts', X-RateLimit-*
         return _items(headers.get(f"ratelimit-{name}") or headers.get(f"x-ratelimit-{name}"), bare)
 
     quota, window = _policy(_items(headers.get("ratelimit-policy"), "q") or older("limit", "q"))
     plain = {**next(iter(older("remaining", "r")), {}), **next(iter(older("reset", "t")), {})}
     items = [*_items(headers.get("ratelimit"), "r"), plain]
     items = [i for i in items if _number(i.get("r"), whole=True) is not None]
-    # The fewest left binds; of several with none left, the latest reset.
     left = min(items, key=lambda i: (i["r"], -(_number(i.get("t")) or 0.0)), default={})
-    remaining, reset = _number(left.get("r"), whole=True), _number(left.get("t"))
+    reset = _number(left.get("t"))
     if reset is not None and reset >= _HUGE:  # a Unix time
         reset = max(0.0, reset - (time.time() if now is None else now))
     reset = reset if reset is not None and reset <= _DAY else None
-    if quota is None and remaining is None:
-        return None
-    return ServerLimit(quota, window, None if remaining is None else int(remaining), reset)
+    limit = ServerLimit(quota, window, left.get("r"), reset)  # r: an Integer >= 0, as filtered
+    return None if quota is None and limit.remaining is None else limit
