@@ -510,6 +510,18 @@ def test_db_urls() -> None:
     assert parse_db_url("plain/path.db") == Path("plain/path.db")
     assert parse_db_url("postgresql://u:pw@host/db") == PostgresURL("postgresql://u:pw@host/db")
     assert PostgresURL("postgres://u:pw@host:5433/db").where == "postgres://u@host:5433/db"
+    # A password with '/', '#', '?' or '@' in it, a password in the query, no host: never shown.
+    for url, where in [
+        ("postgresql://sync:2024/Secret@127.0.0.1:1/subs", "postgresql://sync@127.0.0.1:1/subs"),
+        ("postgresql://sync:7#Secret@db.example/subs", "postgresql://sync@db.example/subs"),
+        ("postgresql://sync:a?b@Secret@db.example/subs", "postgresql://sync@db.example/subs"),
+        ("postgresql://db.example/subs?password=Secret", "postgresql://db.example/subs"),
+        ("postgresql://sync:Secret/subs", "postgresql://sync/subs"),
+        ("postgresql://[::1]:5432/subs", "postgresql://[::1]:5432/subs"),
+        ("postgresql:///subs?host=/tmp", "postgresql:///subs"),
+    ]:
+        assert PostgresURL(url).where == where
+        assert "Secret" not in repr(PostgresURL(url))
     for bad in ("mysql://host/db", "sqlite:///", "sqlite:///:memory:"):
         with pytest.raises(ConfigError):
             parse_db_url(bad)

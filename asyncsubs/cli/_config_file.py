@@ -13,7 +13,6 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -160,13 +159,19 @@ class PostgresURL:
 
     @property
     def where(self) -> str:
-        try:
-            parts = urlsplit(self.url)
-            user = f"{parts.username}@" if parts.username else ""
-            port = f":{parts.port}" if parts.port else ""
-            return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
-        except ValueError:
-            return "<unparsable PostgreSQL URL>"
+        """``scheme://user@host:port/db``, read by hand: a password holding '/' or '#' makes
+        urlsplit take part of it for a port or a path. Up to the last '@' is credentials (the
+        user shown, not the password); the query (libpq takes ``password=`` there too) is not
+        shown, nor a "port" that is no number (``postgresql://user:secret/db``, the host left
+        out)."""
+        scheme, _, rest = self.url.partition("://")
+        credentials, at, rest = rest.rpartition("@")
+        user = credentials.partition(":")[0]
+        host, slash, path = re.split(r"[?#]", rest, maxsplit=1)[0].partition("/")
+        name, colon, port = host.rpartition(":")
+        if colon and not port.isdigit() and not name.endswith("]") and ":" not in name:
+            host = name
+        return f"{scheme}://{user + '@' if at and user else ''}{host}{slash}{path}"
 
 
 def parse_db_url(url: str) -> Path | PostgresURL:
