@@ -352,6 +352,9 @@ class RedisPacing:
         self.limits: dict[str, Limits] = {}
         self.worker = uuid.uuid4().hex[:16]  #: this backend's name among a store's workers
         self._used: dict[str, float] = {}  # store -> last time this worker was heard of for it
+        # (store, pool) -> the soonest this worker's next start may be (time.monotonic()): Redis
+        # holds none of the starts this worker paced alone, its fallback none of Redis's.
+        self._next: dict[tuple[str, str], float] = {}
         self._mismatched: set[tuple[str, str]] = set()  # (store, pool) told once
         # Down state: requests neither wait on Redis nor call it until the recheck succeeds.
         self._memory = MemoryPacing()  # fallback pacing while down
@@ -472,7 +475,9 @@ class RedisPacing:
             if fraction is None:
                 raise self._unavailable(store, exc) from exc
             return await self._alone(store, pool, interval / fraction)
-        self._used[store] = time.monotonic()
+        self._used[store] = now = time.monotonic()
+        wait = max(wait, self._next.get((store, pool), now) - now)  # after a start made alone
+        self._next[store, pool] = now + wait + interval
         if fraction is not None:
             self._start_heartbeat()
         if other and (store, pool) not in self._mismatched:
@@ -521,9 +526,12 @@ class RedisPacing:
     async def _alone(self, store: str, pool: str, interval: float) -> tuple[float, float]:
         """Pace in this process. Until the others can have noticed this worker's silence
         (``lapse`` after Redis last heard of it for the store), it holds: until then they
-        still use the whole rate."""
-        hold = self._used.get(store, -math.inf) + self.lapse - time.monotonic()
-        if hold > 0:
+        still use the whole rate; and not before a start it claimed in Redis is an interval
+        behind it."""
+        soonest = max(
+            self._used.get(store, -math.inf) + self.lapse, self._next.get((store, pool), -math.inf)
+        )
+        if (hold := soonest - time.monotonic()) > 0:
             await self._memory.pause(store, pool, hold, 1.0)
         limits = self.limits.get(store)
         if limits is not None and self.fallback_fraction is not None:
@@ -531,7 +539,9 @@ class RedisPacing:
             # each may round up by one in a window, and the margin leaves room for one only.
             share = self.fallback_fraction * limits.rate_for(pool).n
             interval *= share / max(share - 1, share / 2)
-        return await self._memory.reserve(store, pool, interval)
+        wait, slowdown = await self._memory.reserve(store, pool, interval)
+        self._next[store, pool] = time.monotonic() + wait + interval
+        return wait, slowdown
 
     # -- failures ----------------------------------------------------------------------------
 

@@ -541,8 +541,10 @@ async def test_redis_failing_midway_and_coming_back(
     lenient = RedisPacing(own_redis_server.url, fallback_fraction=0.25, **kwargs)
     try:
         assert await strict.reserve("acme", "global", 1.0) == (0.0, 1.0)
-        assert 1.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 1.0
-        last_word = time.monotonic()  # when Redis last heard of lenient for "acme"
+        claimed = await wait(lenient, "acme", "global", 1.0)
+        assert 1.0 - SLACK < claimed <= 1.0
+        # lenient's next start, at the soonest: an interval after the slot it claimed in Redis.
+        soonest = time.monotonic() + claimed + 1.0
         own_redis_server.stop()
 
         with caplog.at_level(logging.WARNING, logger="asyncsubs.redis"):
@@ -555,13 +557,16 @@ async def test_redis_failing_midway_and_coming_back(
             assert time.monotonic() - started < SLACK
 
             # In-process at a quarter of the rate: one slot every 4 s, after a hold until the
-            # other workers can have seen that Redis no longer hears from this one (timeout).
+            # slot it claimed in Redis is an interval behind (the others, which can have seen
+            # that Redis no longer hears from this one after the timeout, 0.5 s, use it).
             hold, _ = await lenient.reserve("acme", "global", 1.0)
             assert lenient.fallback_active
-            assert last_word + 0.5 - time.monotonic() - SLACK < hold <= 0.5
+            assert abs(hold - (soonest - time.monotonic())) < SLACK
             assert 4.0 + hold - SLACK < await wait(lenient, "acme", "global", 1.0) <= 4.0 + hold
             await lenient.pause("acme", "global", 10.0, 1.0)  # kept in memory, Redis not tried
-            assert 10.0 - SLACK < await wait(lenient, "acme", "global", 1.0) <= 10.0
+            paused = await wait(lenient, "acme", "global", 1.0)
+            assert 10.0 - SLACK < paused <= 10.0
+            soonest = time.monotonic() + paused + 4.0  # after its last start alone
 
             own_redis_server.start()  # empty: as after a restart without persistence
             for pacing in (strict, lenient):
@@ -574,8 +579,11 @@ async def test_redis_failing_midway_and_coming_back(
         assert "25%" in messages[1]
         assert all("answers again" in m for m in messages[2:])
 
-        # Shared again, through the restarted server.
-        assert await lenient.reserve("acme", "global", 1.0) == (0.0, 1.0)
+        # Shared again, through the restarted server, not before lenient's last start alone
+        # is an interval behind (Redis never saw it).
+        assert (
+            abs(await wait(lenient, "acme", "global", 1.0) - (soonest - time.monotonic())) < SLACK
+        )
         assert 1.0 - SLACK < await wait(strict, "acme", "global", 1.0) <= 1.0
     finally:
         await strict.aclose()
