@@ -6,10 +6,12 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -55,8 +57,13 @@ DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 
 def store_fingerprint(base: str, token: str) -> str:
-    """Default store identity: a one-way hash, so the token cannot be recovered from it."""
-    return "store-" + hashlib.sha256(f"{base}\0{token}".encode()).hexdigest()[:16]
+    """Default store identity: a one-way hash (the token cannot be recovered from it) of the token
+    and the service's address, its host in lower case and without ``/admin/{version}/``: one
+    budget whichever interface version a client speaks."""
+    parts = urlsplit(base)
+    path = re.sub(r"/admin/[^/]*/?$", "", parts.path).rstrip("/")
+    address = f"{parts.scheme}://{parts.netloc.lower()}{path}"
+    return "store-" + hashlib.sha256(f"{address}\0{token}".encode()).hexdigest()[:16]
 
 
 class AdminClient:
@@ -105,6 +112,17 @@ class AdminClient:
         if session is not None and not isinstance(session, aiohttp.ClientSession):
             raise ConfigError("session must be an aiohttp.ClientSession")
         positive_int("max_response_bytes", max_response_bytes)
+        if limiter is not None and not isinstance(limiter, Limiter):
+            message = "limiter must be a Limiter, like asyncsubs.redis.RedisLimiter(url)"
+            raise ConfigError(f"{message}, got {type(limiter).__name__}")
+        if transport is not None and not callable(getattr(transport, "send", None)):
+            raise ConfigError(
+                f"transport must have send() and aclose(), got {type(transport).__name__}"
+            )
+        if user_agent is not None and (
+            not isinstance(user_agent, str) or not user_agent.isprintable()
+        ):
+            raise ConfigError("user_agent must be printable text (no CR, LF or other controls)")
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport
@@ -199,6 +217,8 @@ class AdminClient:
         """Send any request (rate-limited and retried per policy); return the parsed answer."""
         if not isinstance(method, str) or not (method.isascii() and method.isalpha()):
             raise ConfigError(f"method must be an HTTP method name like 'GET', got {method!r}")
+        if params is not None and not isinstance(params, Mapping):
+            raise ConfigError(f"params must be a mapping, got {type(params).__name__}")
         path = clean_path(path)
         return await self._call("request", method.upper(), path, params, json, parse_response)
 

@@ -7,7 +7,7 @@ the network.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -93,6 +93,8 @@ def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
     for path, rate in value.items():
         if not isinstance(path, str) or not path.strip("/"):
             raise ConfigError(f"Limits.heavy keys must be non-empty paths, got {path!r}")
+        if path.strip("/") == "global":  # the shared pool's name: a heavy pool would merge into it
+            raise ConfigError("Limits.heavy cannot name a path 'global' (the shared pool's name)")
         if not isinstance(rate, Rate):
             raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate, got {rate!r}")
         frozen[path.strip("/")] = rate
@@ -178,6 +180,19 @@ class Limits(PoolSplit):
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
+def _statuses(value: object) -> frozenset[int]:
+    """HTTP statuses (100-599) as a frozenset; ConfigError for anything else ("429", None)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigError(
+            f"RetryPolicy.retry_statuses must be a set of HTTP statuses, got {value!r}"
+        )
+    statuses = frozenset(value)
+    for status in statuses:
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ConfigError(f"RetryPolicy.retry_statuses holds {status!r}, not a status 100-599")
+    return statuses
+
+
 def check_binding(store: Any, limits: Any) -> None:
     """What a limiter binds, checked: ConfigError unless ``store`` is a non-blank string and
     ``limits`` a :class:`Limits`."""
@@ -206,7 +221,7 @@ class RetryPolicy:
     backoff_max: float = 30.0
     max_total: float = 300.0
     retry_statuses: frozenset[int] = attrs.field(
-        default=DEFAULT_RETRY_STATUSES, converter=frozenset
+        default=DEFAULT_RETRY_STATUSES, converter=_statuses
     )
     max_retry_after: float = 120.0
     retry_non_idempotent: bool = False
@@ -219,3 +234,5 @@ class RetryPolicy:
             )
         if self.backoff_max < self.backoff_initial:
             raise ConfigError("RetryPolicy.backoff_max must be >= backoff_initial")
+        if not isinstance(value := self.retry_non_idempotent, bool):
+            raise ConfigError(f"RetryPolicy.retry_non_idempotent must be a bool, got {value!r}")

@@ -181,6 +181,11 @@ def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False)
         raise ConfigError(f"base_url's host has spaces or control characters: {shown_url(url)}")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise ConfigError("base_url must not carry a query, fragment or credentials")
+    if re.search(r"/admin(/[^/]*)?/?$", parts.path):
+        raise ConfigError(
+            "base_url is the service's address without /admin/{version}/ (the client adds it; "
+            "pass version= for another): got one that ends in /admin"
+        )
     if parts.scheme == "http" and not allow_insecure and not is_loopback(host):
         raise ConfigError(
             "plain http:// would send the token unencrypted; use https:// "

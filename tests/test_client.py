@@ -14,7 +14,7 @@ import pytest
 from hostile import WireServer
 
 import asyncsubs
-from asyncsubs import AdminClient, Limits, errors
+from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
 from asyncsubs._protocol import RawResponse, Request, build_request
 from asyncsubs._transport import AiohttpTransport, on_connected
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
@@ -373,11 +373,46 @@ def test_plain_http_to_loopback_is_allowed(host: str) -> None:
     assert AdminClient(token="t", base_url=f"http://{host}:8080").base_url.startswith("http://")
 
 
+def _client(**settings: Any) -> AdminClient:
+    return AdminClient(**{"token": "t", "base_url": "https://shop.example", **settings})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _client(limiter="redis://localhost:6379/0"),  # where RedisLimiter(url) goes
+        lambda: _client(transport=object()),
+        lambda: _client(user_agent="app\r\nX-Injected: 1"),
+        lambda: RetryPolicy(retry_statuses=None),
+        lambda: RetryPolicy(retry_statuses=429),
+        lambda: RetryPolicy(retry_statuses="429"),
+        lambda: RetryPolicy(retry_statuses={"503"}),
+        lambda: RetryPolicy(retry_statuses={99999}),
+        lambda: RetryPolicy(retry_non_idempotent="no"),
+        lambda: Limits(heavy={"global": Rate(1)}),
+        lambda: _client(base_url="https://shop.example/admin/2026-04/"),  # the client's suffix
+        lambda: _client(base_url="https://shop.example/admin"),
+    ],
+)
+def test_plausible_mistakes_are_config_errors_at_construction(make: Callable[[], object]) -> None:
+    with pytest.raises(errors.ConfigError):
+        make()
+
+
+async def test_request_params_must_be_a_mapping() -> None:
+    async with AdminClient(token="t", base_url="https://shop.example") as client:
+        with pytest.raises(errors.ConfigError, match="params must be a mapping"):
+            await client.request("GET", "subscriptions", params=[("pageSize", 1)])  # type: ignore[arg-type]
+
+
 async def test_default_store_is_shared_by_same_token_and_base() -> None:
     a = AdminClient(token="T1", base_url="https://a.example")
     b = AdminClient(token="T1", base_url="https://a.example/")
     c = AdminClient(token="T2", base_url="https://a.example")
     assert a.store == b.store != c.store
+    # One store whatever the interface version or the host's case.
+    d = AdminClient(token="T1", base_url="https://A.example", version="2025-01")
+    assert d.store == a.store
 
 
 async def test_shared_session_is_not_closed(
