@@ -580,13 +580,16 @@ async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, c
     await sink.open()
     try:
         letter = DeadLetter("e1", "orders/update", b"{}", "boom", 3, 1_700_000_000.0, "acme")
+        # Another store's letter with the same event id (ids are unique per store only).
+        other = DeadLetter("e1", "orders/update", b"{}", "boom", 3, 1_700_000_000.0, "globex")
         await PostgresDeadLetters(sink).add(letter)
-        assert await PostgresDeadLetters(sink).all() == [letter]
+        await PostgresDeadLetters(sink).add(other)
+        assert await PostgresDeadLetters(sink).all() == [letter, other]
     finally:
         await sink.aclose()
-    letters, moved = await dead_letters(PostgresURL(pg_url), requeue=True)
+    letters, moved = await dead_letters(PostgresURL(pg_url), stores=["acme"], requeue=True)
     assert (letters, moved) == ([letter], 1)
     assert query(pg_url, "SELECT store, event_id, attempts FROM webhook_inbox") == [
         ("acme", "e1", 0)
     ]
-    assert query(pg_url, "SELECT count(*) FROM webhook_dead_letters") == [(0,)]
+    assert query(pg_url, "SELECT store FROM webhook_dead_letters") == [("globex",)]

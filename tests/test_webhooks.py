@@ -27,6 +27,9 @@ from asyncsubs import AdminClient, ConfigError, Limits
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.testing._data import iso
 from asyncsubs.webhooks import (
+    DeadLetter,
+    DeadLetterStore,
+    InboxEntry,
     MemoryDeadLetters,
     SQLiteDeadLetters,
     WebhookConfig,
@@ -35,6 +38,7 @@ from asyncsubs.webhooks import (
     signature_header_value,
     supersedes,
 )
+from asyncsubs.webhooks._config import timestamp_within
 from asyncsubs.webhooks._events import DedupeWindow, parse_event
 
 SECRET = "whsec-test-0123456789"
@@ -255,6 +259,42 @@ async def test_timestamped_signatures_refuse_stale_deliveries(
     assert [e.id for e in handler.events] == ["a", "f"]
 
 
+async def test_a_timestamp_in_other_digits_is_401_not_500() -> None:
+    """``float()`` reads fullwidth or Arabic-Indic digits; they cannot be signed as ASCII, so
+    such a stamp (sent by anyone, no secret needed) must be refused, not crash the request."""
+    now = 1_800_000_000.0
+    for stamp in ("1800000000", "1800000000.25"):
+        assert timestamp_within(stamp, now, 300.0)
+    for stamp in (
+        "\uff11\uff18" + "\uff10" * 8,
+        "\u0661\u0668" + "\u0660" * 8,
+        "1.8e9",
+        "+1800000000",
+    ):
+        assert not timestamp_within(stamp, now, 300.0), stamp
+
+    config = WebhookConfig(SECRET, timestamp_header="X-Service-Timestamp")
+    receiver = WebhookReceiver(config, Recorder(), clock=lambda: now)
+    url = await receiver.listen()
+    host, port = url.removeprefix("http://").split("/")[0].rsplit(":", 1)
+    body = event_body()
+    fullwidth = "\uff11\uff18" + "\uff10" * 8  # == now
+    head = (
+        f"POST /webhooks HTTP/1.1\r\nHost: x\r\nX-Service-Timestamp: {fullwidth}\r\n"
+        f"X-Service-Signature: {hex_sig(body)}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head.encode() + body)
+        status = await reader.readline()
+        writer.close()
+        assert status.startswith(b"HTTP/1.1 401"), status
+    finally:
+        await receiver.aclose()
+    assert (receiver.stats.unauthorized, receiver.stats.errors) == (1, 0)
+
+
 # --- body ----------------------------------------------------------------------------------------
 
 
@@ -403,6 +443,79 @@ async def test_replayed_delivery_is_ignored(started: Start) -> None:
     assert receiver.stats.duplicates == 2
 
 
+class GatedInbox:
+    """An inbox whose writes wait for ``gate``, then fail (``fail``) or are kept."""
+
+    def __init__(self, *, fail: bool) -> None:
+        self.fail = fail
+        self.gate = asyncio.Event()
+        self.writing = asyncio.Event()
+        self.entries: list[InboxEntry] = []
+
+    async def add(self, entry: InboxEntry) -> bool:
+        self.writing.set()
+        await self.gate.wait()
+        if self.fail:
+            raise OSError("disk I/O error")
+        self.entries.append(entry)
+        return True
+
+    async def pending(self, store: str) -> list[InboxEntry]:
+        return []
+
+    async def remove(self, store: str, event_id: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["write-fails", "write-commits"])
+async def test_a_resend_waits_until_the_original_is_kept(
+    session: aiohttp.ClientSession, fail: bool
+) -> None:
+    """A copy arriving while the original is written to the inbox is acknowledged only once the
+    original is kept: never a 200 for an event that was not."""
+    inbox = GatedInbox(fail=fail)
+    at_accept = asyncio.Event()
+    stamps = itertools.count()
+
+    def clock() -> float:
+        # Read just before a delivery is accepted (no await between): the second read says
+        # the resend has reached the dedupe check.
+        if next(stamps) == 1:
+            at_accept.set()
+        return 1_800_000_000.0
+
+    receiver = WebhookReceiver(WebhookConfig(SECRET), Recorder(), inbox=inbox, clock=clock)
+    url = await receiver.listen()
+    body = event_body()
+
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with session.post(
+            url, data=body, headers={"X-Service-Signature": hex_sig(body)}
+        ) as r:
+            return r.status, orjson.loads(await r.read())
+
+    try:
+        original = asyncio.create_task(post())
+        await inbox.writing.wait()
+        resend = asyncio.create_task(post())
+        await at_accept.wait()
+        assert receiver.stats.duplicates == 0  # not answered while the original is written
+        inbox.gate.set()
+        if fail:
+            assert [(await original)[0], (await resend)[0]] == [503, 503]
+            inbox.fail = False  # the id was not remembered: the sender's retry gets in
+            assert await post() == (200, {"status": "accepted"})
+        else:
+            assert await original == (200, {"status": "accepted"})
+            assert await resend == (200, {"status": "duplicate"})
+        await receiver.join()
+    finally:
+        inbox.gate.set()  # so that closing does not wait for a write held forever
+        await receiver.aclose()
+    assert [e.event_id for e in inbox.entries] == ["evt-1"]
+    assert receiver.stats.accepted == 1
+
+
 def test_dedupe_window_expires_and_is_bounded() -> None:
     now = [0.0]
     window = DedupeWindow(10.0, 3, clock=lambda: now[0])
@@ -513,6 +626,72 @@ async def test_sqlite_dead_letters(started: Start, tmp_path: Path) -> None:
     await store.aclose()
 
 
+class LegacyDeadLetters:
+    """A dead-letter store written before ``remove_for_store``: removes by event id alone."""
+
+    def __init__(self) -> None:
+        self.letters: list[DeadLetter] = []
+
+    async def add(self, letter: DeadLetter) -> None:
+        self.letters.append(letter)
+
+    async def all(self) -> list[DeadLetter]:
+        return list(self.letters)
+
+    async def remove(self, event_id: str) -> int:
+        before = len(self.letters)
+        self.letters = [x for x in self.letters if x.event_id != event_id]
+        return before - len(self.letters)
+
+
+def letter_of(store: str | None, event_id: str = "1") -> DeadLetter:
+    return DeadLetter(event_id, "subscriptions/update", event_body(event_id), "boom", 5, 0.0, store)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "legacy"])
+async def test_requeueing_one_stores_dead_letters_keeps_other_stores_with_the_same_id(
+    tmp_path: Path, kind: str
+) -> None:
+    """Event ids are unique per store only: requeueing acme's letter must not take globex's."""
+    dead: DeadLetterStore = {
+        "memory": MemoryDeadLetters,
+        "sqlite": lambda: SQLiteDeadLetters(tmp_path / "hooks.db"),
+        "legacy": LegacyDeadLetters,
+    }[kind]()
+    for store in ("acme", "globex", None):
+        await dead.add(letter_of(store))
+    handler = Recorder()
+    receiver = WebhookReceiver(WebhookConfig(SECRET), handler, store="acme", dead_letters=dead)
+    try:
+        assert await receiver.requeue_dead_letters() == 1
+        await receiver.join()
+    finally:
+        await receiver.aclose()
+    assert [e.id for e in handler.events] == ["1"]
+    assert sorted((x.store or "", x.event_id) for x in await dead.all()) == [
+        ("", "1"),
+        ("globex", "1"),
+    ]
+    if isinstance(dead, SQLiteDeadLetters):
+        await dead.aclose()
+
+
+async def test_the_command_requeues_one_stores_dead_letters_only(tmp_path: Path) -> None:
+    from asyncsubs.cli._listen import dead_letters
+
+    db = tmp_path / "sync.db"
+    dead = SQLiteDeadLetters(db)
+    for store in ("acme", "globex"):
+        await dead.add(letter_of(store))
+    await dead.aclose()
+    letters, moved = await dead_letters(db, stores=["acme"], requeue=True)
+    assert ([x.store for x in letters], moved) == (["acme"], 1)
+    with sqlite3.connect(db) as conn:
+        left = conn.execute("SELECT store, event_id FROM webhook_dead_letters").fetchall()
+        queued = conn.execute("SELECT store, event_id FROM webhook_inbox").fetchall()
+    assert (left, queued) == ([("globex", "1")], [("acme", "1")])
+
+
 async def test_close_dead_letters_what_was_accepted_but_not_handled(started: Start) -> None:
     handler = Recorder(gate=asyncio.Event())  # never opened: the handler hangs
     receiver, post = await started(handler)
@@ -573,6 +752,65 @@ async def test_handle_inside_a_users_app(session: aiohttp.ClientSession) -> None
     assert status.status == 503  # closed with the app
 
 
+async def serve_in_users_app(
+    receiver: WebhookReceiver, entered: asyncio.Event
+) -> tuple[web.AppRunner, int]:
+    """``receiver.handle`` as a route of a user's app (started and closed by hand); ``entered``
+    is set as each delivery's headers have arrived and the receiver starts reading its body."""
+
+    async def route(request: web.Request) -> web.Response:
+        entered.set()
+        return await receiver.handle(request)
+
+    app = web.Application()
+    app.router.add_post("/hooks", route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+@pytest.mark.parametrize("with_inbox", [False, True], ids=["memory", "inbox"])
+async def test_a_delivery_completed_while_closing_is_refused_not_dropped(
+    with_inbox: bool,
+) -> None:
+    """aclose() while a delivery's body (or, with an inbox, its write) is under way: 503, so
+    the sender keeps it; not a 200 for an event no worker is left to handle."""
+    handler = Recorder()
+    inbox = GatedInbox(fail=False) if with_inbox else None
+    receiver = WebhookReceiver(WebhookConfig(SECRET), handler, inbox=inbox)
+    await receiver.start()
+    entered = asyncio.Event()
+    runner, port = await serve_in_users_app(receiver, entered)
+    body = event_body("late")
+    head = (
+        f"POST /hooks HTTP/1.1\r\nHost: x\r\nX-Service-Signature: {hex_sig(body)}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if inbox is None:
+            writer.write(head.encode() + body[:5])
+            await entered.wait()  # reading the body
+            await receiver.aclose(timeout=1.0)
+            writer.write(body[5:])
+        else:
+            writer.write(head.encode() + body)
+            await inbox.writing.wait()
+            await receiver.aclose(timeout=1.0)
+            inbox.gate.set()
+        status = await reader.readline()
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert status.startswith(b"HTTP/1.1 503"), status
+    assert (receiver.pending, receiver.stats.accepted, receiver.stats.unavailable) == (0, 0, 1)
+    assert handler.events == []
+    if inbox is not None:  # it was written: the next start() queues it
+        assert [e.event_id for e in inbox.entries] == ["late"]
+
+
 def make_request(body: bytes) -> web.Request:
     from aiohttp.test_utils import make_mocked_request
 
@@ -600,6 +838,7 @@ def test_config_validation_and_secret_hygiene() -> None:
     bad: list[dict[str, Any]] = [
         {"encoding": "base32"},
         {"algorithm": "rot13"},
+        {"algorithm": "shake_128"},  # a hashlib name HMAC cannot use: every delivery would 500
         {"signature_header": "bad header"},
         {"queue_size": 0},
         {"max_body_bytes": -1},

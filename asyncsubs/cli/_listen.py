@@ -432,6 +432,8 @@ async def dead_letters(
 async def _dead_letters(
     dead: DeadLetterStore, inbox: Inbox, stores: Sequence[str] | None, requeue: bool
 ) -> tuple[list[DeadLetter], int]:
+    from ..webhooks._dead_letters import remove_store_letters
+
     letters = [x for x in await dead.all() if stores is None or x.store in stores]
     moved = 0
     if requeue:
@@ -440,7 +442,8 @@ async def _dead_letters(
                 continue
             # Attempts start over: requeueing by hand says the cause is fixed.
             await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
-            await dead.remove(letter.event_id)
+            # Only this store's: other stores' letters may share the event id.
+            await remove_store_letters(dead, letter.store, letter.event_id)
             moved += 1
     return letters, moved
 

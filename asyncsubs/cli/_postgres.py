@@ -629,3 +629,12 @@ class PostgresDeadLetters:
                 f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
             )
             return cur.rowcount
+
+    async def remove_for_store(self, store: str | None, event_id: str) -> int:
+        async with self.sink._transaction() as conn:
+            cur = await conn.execute(
+                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
+                " AND store IS NOT DISTINCT FROM %s",
+                (event_id, store),
+            )
+            return cur.rowcount

@@ -38,6 +38,7 @@ __all__ = [
 Encoding = Literal["hex", "base64"]
 _ENCODINGS: Final = ("hex", "base64")
 _HEADER_RE: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_EPOCH_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 #: Singular topic nouns ("subscription.updated") mapped to the list endpoint they belong to.
 DEFAULT_RESOURCE_ALIASES: Mapping[str, str] = FrozenMap(
@@ -93,13 +94,13 @@ class WebhookConfig:
     - ``secret``: the shared secret (str or bytes); never logged and not in the repr.
     - ``previous_secrets``: also accepted, for rotating the secret without losing deliveries.
     - ``signature_header``, ``encoding`` (``"hex"`` or ``"base64"``; base64url accepted too),
-      ``algorithm`` (any ``hashlib`` name: ``"sha256"``, ``"sha1"``, ``"sha512"``),
+      ``algorithm`` (a ``hashlib`` name HMAC can use: ``"sha256"``, ``"sha1"``, ``"sha512"``),
       ``signature_prefix`` (e.g. ``"sha256="``). A header may carry several comma-separated
       signatures; one matching is enough.
     - ``timestamp_header``: off by default. When set, a delivery must carry that header (epoch
-      seconds or ISO-8601) within ``timestamp_tolerance`` seconds of now, and the signed bytes
-      are ``b"<timestamp>." + body``: replay protection only holds when the timestamp is
-      signed, so an unsigned one is not an option.
+      seconds in ASCII digits, or ISO-8601 with a zone) within ``timestamp_tolerance`` seconds
+      of now, and the signed bytes are ``b"<timestamp>." + body``: replay protection only
+      holds when the timestamp is signed, so an unsigned one is not an option.
 
     Parsing (the JSON body must be an object; everything else is a 400). Everything that
     decides what a delivery does comes from the signed body, never from an unsigned header:
@@ -165,6 +166,14 @@ class WebhookConfig:
             or self.algorithm not in hashlib.algorithms_available
         ):
             raise ConfigError(f"algorithm must be a hashlib algorithm, got {self.algorithm!r}")
+        try:
+            # Some hashlib names (shake_128, shake_256, ...) cannot key an HMAC: every delivery
+            # would then fail in verify(), so they are refused here.
+            hmac.new(b"k", b"", self.algorithm)
+        except (ValueError, TypeError):
+            raise ConfigError(
+                f"algorithm must be usable with HMAC, got {self.algorithm!r}"
+            ) from None
         _header("signature_header", self.signature_header, optional=False)
         _header("timestamp_header", self.timestamp_header, optional=True)
         for name in ("event_id_key", "data_key", "created_at_key", "store_key"):
@@ -201,14 +210,17 @@ class WebhookConfig:
 
 
 def timestamp_within(value: str | None, now: float, tolerance: float) -> bool:
-    """True when ``value`` (epoch seconds, or ISO-8601 with a zone) is within ``tolerance``
-    seconds of ``now``, either way."""
-    if not value:
+    """True when ``value`` (epoch seconds: ASCII digits, optionally a fraction; or ISO-8601 with
+    a zone) is within ``tolerance`` seconds of ``now``, either way.
+
+    Only ASCII is a timestamp: ``float()`` also takes other scripts' digits, which cannot be
+    signed as ``b"<timestamp>."`` (and ``signed_bytes`` would fail on them)."""
+    if not value or not value.isascii():
         return False
     value = value.strip()
-    try:
+    if _EPOCH_RE.fullmatch(value):
         stamp = float(value)
-    except ValueError:
+    else:
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:

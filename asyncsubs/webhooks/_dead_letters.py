@@ -20,6 +20,8 @@ __all__ = [
     "DeadLetterStore",
     "MemoryDeadLetters",
     "SQLiteDeadLetters",
+    "StoreScopedRemoval",
+    "remove_store_letters",
 ]
 
 log = logging.getLogger("asyncsubs.webhooks")
@@ -44,13 +46,49 @@ class DeadLetter:
 
 @runtime_checkable
 class DeadLetterStore(Protocol):
-    """Where dead letters go. Async, so a store may write to disk or a remote service."""
+    """Where dead letters go. Async, so a store may write to disk or a remote service.
+
+    ``remove(event_id)`` removes that event's letters of every store. A store should also have
+    ``remove_for_store(store, event_id)`` (``StoreScopedRemoval``): requeueing one store's
+    letters uses it, so that other stores' letters with the same event id stay. It is not
+    required here, so stores written before it still fit (see ``remove_store_letters``)."""
 
     async def add(self, letter: DeadLetter) -> None: ...
 
     async def all(self) -> list[DeadLetter]: ...
 
     async def remove(self, event_id: str) -> int: ...
+
+
+@runtime_checkable
+class StoreScopedRemoval(Protocol):
+    """A dead-letter store that can remove one store's letters of an event (``store`` None:
+    the letters of a receiver bound to no store), leaving other stores' with the same id."""
+
+    async def remove_for_store(self, store: str | None, event_id: str) -> int: ...
+
+
+async def remove_store_letters(dead: DeadLetterStore, store: str | None, event_id: str) -> int:
+    """Remove ``store``'s letters of ``event_id`` from ``dead``, and only those; returns how many.
+
+    Event ids are only unique per store, so a store without ``remove_for_store`` has its
+    ``remove(event_id)`` take every store's letters of that id, and the other stores' are
+    added back (not atomic: use ``remove_for_store`` where stores share event ids)."""
+    if isinstance(dead, StoreScopedRemoval):
+        return await dead.remove_for_store(store, event_id)
+    others = [x for x in await dead.all() if x.event_id == event_id and x.store != store]
+    removed = await dead.remove(event_id)
+    for letter in others:
+        try:
+            await dead.add(letter)
+        except Exception:
+            log.exception(
+                "dead letter %s of store %s removed with another store's and not added back",
+                letter.event_id,
+                letter.store,
+            )
+            raise
+    return max(0, removed - len(others))
 
 
 class MemoryDeadLetters:
@@ -86,6 +124,13 @@ class MemoryDeadLetters:
     async def remove(self, event_id: str) -> int:
         before = len(self._letters)
         self._letters = collections.deque(x for x in self._letters if x.event_id != event_id)
+        return before - len(self._letters)
+
+    async def remove_for_store(self, store: str | None, event_id: str) -> int:
+        before = len(self._letters)
+        self._letters = collections.deque(
+            x for x in self._letters if (x.store, x.event_id) != (store, event_id)
+        )
         return before - len(self._letters)
 
 
@@ -169,3 +214,9 @@ class SQLiteDeadLetters(SQLiteTable):
 
     async def remove(self, event_id: str) -> int:
         return await self._write(f"DELETE FROM {self.table} WHERE event_id = ?", (event_id,))
+
+    async def remove_for_store(self, store: str | None, event_id: str) -> int:
+        # ``IS``: equal when both are NULL (letters of a receiver bound to no store).
+        return await self._write(
+            f"DELETE FROM {self.table} WHERE event_id = ? AND store IS ?", (event_id, store)
+        )

@@ -17,7 +17,12 @@ from aiohttp import web
 from .. import _retry
 from ..errors import ConfigError
 from ._config import WebhookConfig, signed_bytes, timestamp_within, verify
-from ._dead_letters import DeadLetter, DeadLetterStore, MemoryDeadLetters
+from ._dead_letters import (
+    DeadLetter,
+    DeadLetterStore,
+    MemoryDeadLetters,
+    remove_store_letters,
+)
 from ._events import DedupeWindow, EventParseError, WebhookEvent, parse_event
 from ._inbox import Inbox, InboxEntry
 from ._listener import BodyBudget, GuardedConnection, Listener, ListenerLimits, guarded
@@ -110,7 +115,8 @@ class WebhookReceiver:
     event; 413 body above ``max_body_bytes``; 503 + Retry-After while the queue is full, the
     inbox cannot be written, or the receiver closes, so the sender retries. An event id enters
     the dedupe window only once its event is accepted, so a 503'd delivery is not mistaken for
-    a duplicate when it comes again.
+    a duplicate when it comes again; a copy arriving while the original is written to the
+    inbox waits for that write (200 ``duplicate`` once committed, 503 if it failed).
 
     ``store``: the store this receiver serves; a delivery is then accepted only when its
     signed body names that store (``store_key``), so a delivery for one store cannot be
@@ -160,6 +166,9 @@ class WebhookReceiver:
         # start must all fit.
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._adding = 0  # deliveries being written to the inbox
+        # Event id -> whether it was kept, for deliveries being written to the inbox: a copy
+        # arriving meanwhile waits for it rather than being acknowledged before it is kept.
+        self._keeping: dict[str, asyncio.Future[bool]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._accepting = True
         self._resumed = False
@@ -434,6 +443,21 @@ class WebhookReceiver:
         return await self._accept(event, body)
 
     async def _accept(self, event: WebhookEvent, body: bytes) -> web.Response:
+        if not self._accepting:
+            # aclose() began while the body was arriving: its workers may be gone already, so
+            # a queued event would be neither handled nor dead-lettered. The sender retries.
+            self._stats.unavailable += 1
+            return self._busy("closing")
+        keeping = self._keeping.get(event.id)
+        if keeping is not None:
+            # A copy of an event still being written to the inbox: a duplicate only once the
+            # original is kept (if that fails, both get 503 and the sender keeps the event).
+            if not await asyncio.shield(keeping):
+                self._stats.unavailable += 1
+                return self._busy("busy")
+            self._stats.duplicates += 1
+            log.debug("duplicate webhook event %s%s ignored", event.id, self._for)
+            return _answer(200, "duplicate")
         # No await between the dedupe check and remembering the id: concurrent copies of one
         # delivery cannot both get in.
         if event.id in self._seen:
@@ -449,6 +473,8 @@ class WebhookReceiver:
         self._seen.add(event.id)
         if self.inbox is not None:
             entry = InboxEntry(self._key, event.id, body, event.received_at)
+            kept: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._keeping[event.id] = kept
             self._adding += 1
             try:
                 added = await self.inbox.add(entry)
@@ -465,11 +491,22 @@ class WebhookReceiver:
             except BaseException:
                 self._seen.discard(event.id)
                 raise
+            else:
+                kept.set_result(True)
             finally:
                 self._adding -= 1
+                del self._keeping[event.id]
+                if not kept.done():  # not written: copies waiting on it get 503 too
+                    kept.set_result(False)
             if not added:  # kept from before a restart, and queued from there
                 self._stats.duplicates += 1
                 return _answer(200, "duplicate")
+            if not self._accepting:
+                # aclose() began during the write: kept in the inbox for the next start(), which
+                # queues it (the sender's retry is then a duplicate); not queued here, where the
+                # workers may be gone.
+                self._stats.unavailable += 1
+                return self._busy("closing")
         self._queue.put_nowait(_Item(event, body))
         self._stats.accepted += 1
         return _answer(200, "accepted")
@@ -612,7 +649,8 @@ class WebhookReceiver:
                     self._key, event.id, letter.body, event.received_at, letter.attempts
                 )
                 queue = await self.inbox.add(entry)  # False: already pending
-            await self.dead_letters.remove(letter.event_id)
+            # Only this store's: other stores' letters may share the event id.
+            await remove_store_letters(self.dead_letters, self.store, letter.event_id)
             if queue:
                 self._ensure_workers()
                 self._queue.put_nowait(_Item(event, letter.body, letter.attempts))
