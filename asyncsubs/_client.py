@@ -244,7 +244,9 @@ class AdminClient:
             if self._loop is not None:
                 raise ConfigError(
                     "this AdminClient is bound to the event loop of its first request; create "
-                    "one client per event loop (or thread)"
+                    "one client per event loop (or thread), and share the store's budget "
+                    "between loops with a RedisLimiter: the in-process limiter paces each loop "
+                    "on its own"
                 )
             self._loop = loop
         request = build_request(
