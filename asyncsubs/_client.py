@@ -115,7 +115,9 @@ class AdminClient:
         if limiter is not None and not isinstance(limiter, Limiter):
             message = "limiter must be a Limiter, like asyncsubs.redis.RedisLimiter(url)"
             raise ConfigError(f"{message}, got {type(limiter).__name__}")
-        if transport is not None and not callable(getattr(transport, "send", None)):
+        if transport is not None and not all(
+            callable(getattr(transport, name, None)) for name in ("send", "aclose")
+        ):
             raise ConfigError(
                 f"transport must have send() and aclose(), got {type(transport).__name__}"
             )
