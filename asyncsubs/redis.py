@@ -475,6 +475,11 @@ class RedisPacing:
             if fraction is None:
                 raise self._unavailable(store, exc) from exc
             return await self._alone(store, pool, interval / fraction)
+        if (task := asyncio.current_task()) is not None and task.cancelling():
+            # redis-py retries a command whose read a cancellation cut short (as its
+            # TimeoutError), and the reply comes back with the cancellation spent: the caller is
+            # cancelled all the same (the slot is lost, the safe side), its request never sent.
+            raise asyncio.CancelledError
         self._used[store] = now = time.monotonic()
         wait = max(wait, self._next.get((store, pool), now) - now)  # after a start made alone
         self._next[store, pool] = now + wait + interval

@@ -7,6 +7,7 @@ sleeps them), and what must really run (processes, pauses, expiry) uses fraction
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -496,6 +497,19 @@ class _CancelledAsTimeout(aioredis.Redis):
             raise RedisTimeoutError("Timeout reading from 127.0.0.1:6379") from None
 
 
+class _CancelledThenRetried(aioredis.Redis):
+    """A command whose cancellation redis-py takes for a timeout and retries: the reply comes
+    back, and the cancellation is spent."""
+
+    entered: asyncio.Event
+
+    async def evalsha(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return [0, "1.0", 0, 0]  # the retry's reply: a slot now
+
+
 async def test_a_cancelled_reserve_stays_cancelled_when_redis_py_reports_a_timeout() -> None:
     """Regression: the fallback took the TimeoutError for an outage and let the cancelled
     request go out anyway; a bulk job cancelling its tasks then waited on it (a benchmark
@@ -889,3 +903,17 @@ async def test_works_on_redis_cluster(redis_cluster: RedisServer, prefix: str) -
         assert {key_slot(k.encode()) for k in pacing.keys("acme", "orders")} == {slot}
     finally:
         await cluster.aclose()
+
+
+async def test_a_reserve_answered_after_its_cancellation_stays_cancelled() -> None:
+    """Regression: a benchmark worker's request task, cancelled at the end of the run, got its
+    slot anyway and went on sending requests (and outlived its watchdog)."""
+    client = _CancelledThenRetried()
+    client.entered = asyncio.Event()
+    pacing = RedisPacing(client, fallback_fraction=0.5)
+    reserving = asyncio.create_task(pacing.reserve("acme", "global", 0.1))
+    await client.entered.wait()
+    reserving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reserving
+    await pacing.aclose()
