@@ -467,19 +467,19 @@ class RedisPacing:
             wait, slowdown = int(reply[0]) / _US, float(reply[1])
             other, stepped = int(reply[2]), int(reply[3]) / _US
         except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
-            if (task := asyncio.current_task()) is not None and task.cancelling():
-                # redis-py can report a cancellation that lands in a command as its
-                # TimeoutError: the caller is cancelled, and no request may go out alone.
-                raise asyncio.CancelledError from None
-            self._enter_down(store, exc)
-            if fraction is None:
-                raise self._unavailable(store, exc) from exc
-            return await self._alone(store, pool, interval / fraction)
+            failure: Exception | None = exc
+        else:
+            failure = None
         if (task := asyncio.current_task()) is not None and task.cancelling():
-            # redis-py retries a command whose read a cancellation cut short (as its
-            # TimeoutError), and the reply comes back with the cancellation spent: the caller is
-            # cancelled all the same (the slot is lost, the safe side), its request never sent.
-            raise asyncio.CancelledError
+            # redis-py can spend a cancellation that lands in a command: it reports it as its
+            # TimeoutError, or retries the command and brings the reply. The caller is cancelled
+            # all the same (a slot claimed is lost, the safe side): no request goes out.
+            raise asyncio.CancelledError from None
+        if failure is not None:
+            self._enter_down(store, failure)
+            if fraction is None:
+                raise self._unavailable(store, failure) from failure
+            return await self._alone(store, pool, interval / fraction)
         self._used[store] = now = time.monotonic()
         wait = max(wait, self._next.get((store, pool), now) - now)  # after a start made alone
         self._next[store, pool] = now + wait + interval
