@@ -188,7 +188,7 @@ class AdminClient:
     @property
     def stats(self) -> LimiterStats:
         """Requests, 429s, retries and time spent waiting, per pool of this client's store
-        (shared by every client of the store in this process). Outside an event loop, before
+        (shared by every client of the store in this event loop). Outside an event loop, before
         the client's first request, every counter is zero."""
         if self._store_limiter is None:
             try:
@@ -246,9 +246,8 @@ class AdminClient:
             if self._loop is not None:
                 raise ConfigError(
                     "this AdminClient is bound to the event loop of its first request; create "
-                    "one client per event loop (or thread), and share the store's budget "
-                    "between loops with a RedisLimiter: the in-process limiter paces each loop "
-                    "on its own"
+                    "one client per event loop (or thread): the clients of a store share its "
+                    "budget across the event loops of a process"
                 )
             self._loop = loop
         request = build_request(

@@ -1,4 +1,4 @@
-"""Client-side rate limiting: one paced queue per (store, pool), an in-flight cap per store.
+"""Client-side rate limiting: in each loop, a paced queue per (store, pool), an in-flight cap.
 
 A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (a
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import weakref
+from collections import defaultdict
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -49,26 +51,25 @@ class _Shared:
 
 
 class MemoryPacing:
-    """The :class:`PacingBackend` of one process, state per running loop. Limiters sharing an
-    instance behave like processes sharing one Redis."""
+    """The :class:`PacingBackend` of a process, shared by its threads' loops on the running loop's
+    clock (CPython's and uvloop's read one monotonic clock), as Redis is by processes."""
 
     def __init__(self) -> None:
-        self._loops = weakref.WeakKeyDictionary[Any, dict[tuple[str, str], _Shared]]()
-
-    def _shared(self, store: str, pool: str) -> tuple[float, _Shared]:
-        pools = self._loops.setdefault(loop := asyncio.get_running_loop(), {})
-        return loop.time(), pools.get((store, pool)) or pools.setdefault((store, pool), _Shared())
+        self._pools = defaultdict[tuple[str, str], _Shared](_Shared)
+        self._lock = threading.Lock()  # a claim reads and moves the state; other threads claim too
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
-        now, shared = self._shared(store, pool)
-        slot = max(now, shared.tat, shared.pause_end)
-        shared.tat = slot + interval
-        return slot - now, shared.slowdown.value(now)
+        with self._lock:
+            now, shared = asyncio.get_running_loop().time(), self._pools[store, pool]
+            slot = max(now, shared.tat, shared.pause_end)
+            shared.tat = slot + interval
+            return slot - now, shared.slowdown.value(now)
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
-        now, shared = self._shared(store, pool)
-        shared.pause_end = max(shared.pause_end, now + seconds)
-        shared.slowdown.set(now, slowdown)
+        with self._lock:
+            now, shared = asyncio.get_running_loop().time(), self._pools[store, pool]
+            shared.pause_end = max(shared.pause_end, now + seconds)
+            shared.slowdown.set(now, slowdown)
 
 
 class _Pool:
@@ -78,7 +79,7 @@ class _Pool:
         self.name, self.rate, self.paced_by = name, rate, "start"
         self.server_rate: Rate | None = None  # a lower rate the server announced
         self.turn = asyncio.Lock()  # FIFO without barging, as Python 3.11's locks are
-        self.jitter, self.slowdown = Jitter(rate.n), Slowdown()
+        self.slowdown = Slowdown()
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
@@ -112,14 +113,14 @@ class Slot:
         self._pool.in_flight -= 1
         # An answered light request is a jitter sample (heavy pages are built after the stamp).
         if exc_type is None and self._pool is self._limiter._global:
-            self._pool.jitter.add(asyncio.get_running_loop().time() - self.due)
+            self._limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
 
 
 class StoreLimiter:
     """The limiter state of one store in one event loop; get it from :meth:`Limiter.bind`."""
 
-    def __init__(self, store: str, limits: Limits, backend: PacingBackend) -> None:
-        self.store, self.limits, self._backend = store, limits, backend
+    def __init__(self, store: str, limits: Limits, backend: PacingBackend, jitter: Jitter) -> None:
+        self.store, self.limits, self._backend, self.jitter = store, limits, backend, jitter
         self._loop_ref = weakref.ref(asyncio.get_running_loop())  # weak: not keeping it alive
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._pools = {name: _Pool(name, limits.rate_for(name)) for name in limits.pools}
@@ -197,7 +198,7 @@ class StoreLimiter:
 
     def _pace(self, p: _Pool, now: float) -> float:
         """The pool's interval now, with its margin and what set it."""
-        limits, rate, spread = self.limits, p.server_rate or p.rate, self._global.jitter.spread
+        limits, rate, spread = self.limits, p.server_rate or p.rate, self.jitter.spread
         if spread is None and (p is self._global or p.requests <= rate.n):
             margin, paced_by = limits.max_margin, "start"  # until a window of samples exists
         else:  # a store sending heavy lists only has no samples: their pool paces at the floor
@@ -215,8 +216,7 @@ class StoreLimiter:
     async def _acquire(self, p: _Pool, max_wait: float) -> float:
         loop = asyncio.get_running_loop()
         if loop is not self._loop_ref():
-            message = f"store {self.store!r} is bound to another event loop: use a client only"
-            raise ConfigError(f"{message} in the loop that first used it")
+            raise ConfigError(f"store {self.store!r}: this limiter is bound to another event loop")
         queued_at, p.waiting = loop.time(), p.waiting + 1
         try:
             async with p.turn:  # as the pool's head, holding an in-flight place, claim a slot
@@ -259,20 +259,19 @@ class StoreLimiter:
         except Exception as exc:  # its type only: a message may hold the backend's password
             message = f"rate limiter backend failed for store {self.store!r}"
             raise LimiterUnavailableError(f"{message}: {type(exc).__name__}") from exc
-        now = asyncio.get_running_loop().time()
-        p.slowdown.set(now, slowdown)
+        p.slowdown.set(now := asyncio.get_running_loop().time(), slowdown)
         return now + wait
 
 
 class Limiter:
-    """Per-store limiter state, shared by every client bound to the same store and loop;
-    ``backend`` holds what processes share (by default a :class:`MemoryPacing` of its own). A
-    store has one budget: binding it again with other :class:`Limits` raises ConfigError."""
+    """Per-store limiter state, one per store and loop, pacing through ``backend`` (by default a
+    :class:`MemoryPacing` of its own, shared by every loop of the process). A store has one
+    budget: binding it again in a loop with other :class:`Limits` raises ConfigError."""
 
     def __init__(self, backend: PacingBackend | None = None) -> None:
         self._backend = MemoryPacing() if backend is None else backend
-        # A loop's dict is only touched from the thread that runs the loop: no lock.
-        self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()
+        self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()  # per loop
+        self._jitters: dict[str, Jitter] = {}  # per store: the answers of all its loops
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
@@ -283,12 +282,13 @@ class Limiter:
             raise ConfigError("Limiter.bind() must run in the event loop that sends") from None
         stores = self._stores.setdefault(loop, {})
         if (bound := stores.get(store)) is None:
-            bound = stores[store] = StoreLimiter(store, limits, self._backend)
+            jitter = self._jitters.setdefault(store, Jitter(limits.global_rate.n))
+            bound = stores[store] = StoreLimiter(store, limits, self._backend, jitter)
         if bound.limits != limits:
             message = f"store {store!r} is already in use with other Limits ({bound.limits!r})"
             raise ConfigError(f"{message}; every client of one store must pass the same Limits")
         return bound
 
 
-#: The process-wide limiter of ``AdminClient(limiter=None)`` (its state kept per loop).
+#: The process-wide limiter of ``AdminClient(limiter=None)``, shared by every event loop.
 DEFAULT_LIMITER = Limiter()

@@ -16,12 +16,15 @@ counted by the server: accepted request starts in the phase's window over its le
    ``TCPConnector(limit=0)``): every store against its
    rate, and the client's CPU seconds per 1,000 requests (``time.process_time`` of this process; the
    server's CPU is read from /proc), next to raw aiohttp sending the same requests.
+4. One store from 4 threads, each running an event loop and a client of its own (50 tasks each,
+   the default limiter): the threads together against the store's rate.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -62,6 +65,7 @@ NAIVE = "a1-naive"
 BASELINE = "a3-baseline"
 MANY = 20
 TASKS_PER_STORE = 50
+THREADS = 4
 
 
 def client_limits(margin: float = 0.02) -> Limits:
@@ -161,10 +165,31 @@ async def phase_three(remote: RemoteFakeServer, seconds: float) -> dict[str, Any
     }
 
 
+def phase_four(remote: RemoteFakeServer, seconds: float) -> dict[str, Any]:
+    """One store from THREADS threads, each with an event loop and a client of its own."""
+    store, per_thread = "a4-threads", TASKS // THREADS
+    ids = subscription_ids(store, RECORDS)
+    tallies = [Tally() for _ in range(THREADS)]
+
+    async def thread_main(i: int) -> None:
+        async with client_for(remote, store, limits=client_limits()) as client:
+            firsts = range(i * per_thread, (i + 1) * per_thread)
+            await run_tasks_for(
+                seconds + 0.5, [hammer(client, ids, tallies[i], k, TASKS) for k in firsts]
+            )
+
+    run(lambda: warm_up(remote, [store]))
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(THREADS) as pool:
+        for thread in [pool.submit(run, lambda i=i: thread_main(i)) for i in range(THREADS)]:
+            thread.result()  # a thread's crash is the bench's
+    return {"t0": t0, "store": store, "tallies": tallies}
+
+
 def bench(report: Report) -> None:
     seconds = 4.0 if report.quick else 20.0
     stores = [f"a1-margin-{m}" for m in MARGINS] + [NAIVE, "a2-mixed"]
-    stores += [f"a3-{i:02d}" for i in range(1, MANY + 1)]
+    stores += [f"a3-{i:02d}" for i in range(1, MANY + 1)] + ["a4-threads"]
     limits = ServerRateLimits(
         global_rate=RATE,
         heavy={"subscriptions": HEAVY, "customers": HEAVY, "orders": HEAVY},
@@ -188,6 +213,7 @@ def bench(report: Report) -> None:
         one(report, remote, seconds)
         two(report, remote, seconds)
         three(report, remote, seconds)
+        four(report, remote, seconds)
 
 
 def one(report: Report, remote: RemoteFakeServer, seconds: float) -> None:
@@ -331,3 +357,31 @@ def three(report: Report, remote: RemoteFakeServer, seconds: float) -> None:
         "A.3 20 stores: slowest store achieved / allowed", min(ratios), ">=", MIN_MANY_STORES
     )
     report.check("A.3 20 stores: 429 responses", rejected, "==", 0, "{:.0f}")
+
+
+def four(report: Report, remote: RemoteFakeServer, seconds: float) -> None:
+    result = phase_four(remote, seconds)
+    pool = all_stats(remote)[result["store"]].pool("global")
+    count, rate = achieved_rate(pool.starts, result["t0"], seconds)
+    ratio = rate / RATE.per_second
+    report.say(
+        f"  A.4  one store from {THREADS} threads, each an event loop and a client of its own"
+        f" ({TASKS // THREADS} tasks each, the default limiter), {seconds:g} s"
+    )
+    failed = sum(t.failed for t in result["tallies"])
+    report.table(
+        ["", "accepted", "req/s", "x 50/s", "429s", "max in 1 s", "errors raised"],
+        [
+            [
+                f"client, {THREADS} threads",
+                count,
+                rate,
+                pct(ratio),
+                pool.rejected,
+                pool.max_in_window(1.0),
+                failed,
+            ]
+        ],
+    )
+    report.check("A.4 one store from 4 threads: achieved / allowed", ratio, ">=", MIN_ONE_STORE)
+    report.check("A.4 one store from 4 threads: 429 responses", pool.rejected, "==", 0, "{:.0f}")

@@ -10,6 +10,8 @@ import pytest
 from virtual_clock import VirtualClock
 
 from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs._limiter import DEFAULT_LIMITER
+from asyncsubs.limiting import Limiter
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
 
 RESOURCES = ("subscriptions", "customers", "orders")
@@ -30,6 +32,14 @@ def no_retry_waits() -> Iterator[None]:
     """Retry backoffs and 429 pauses take no time in tests (stamina-style testing switch)."""
     with no_waiting():
         yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_default_limiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts from untouched budgets: the default limiter's state outlives a test's
+    loop, and one test's virtual clock means nothing on the next one's."""
+    for name, value in vars(Limiter()).items():
+        monkeypatch.setattr(DEFAULT_LIMITER, name, value)
 
 
 @pytest.fixture

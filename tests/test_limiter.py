@@ -14,9 +14,10 @@ import itertools
 import logging
 import random
 import re
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -943,23 +944,82 @@ def test_bind_needs_a_running_loop() -> None:
         Limiter().bind("acme", limits())
 
 
-async def test_default_limiter_is_shared_per_loop(clock: VirtualClock) -> None:
-    here = DEFAULT_LIMITER.bind("acme", limits())
-    assert DEFAULT_LIMITER.bind("acme", limits()) is here
+def in_other_loop(clock: VirtualClock, main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main()`` in a thread with an event loop of its own, on the same (virtual) clock: real
+    loops all read the monotonic one. Virtual time stands still meanwhile."""
 
-    elsewhere: list[StoreLimiter] = []
+    async def on_clock() -> None:
+        asyncio.get_running_loop().time = clock.time  # type: ignore[method-assign]
+        await main()
 
-    async def bind_in_other_loop() -> None:
-        elsewhere.append(DEFAULT_LIMITER.bind("acme", limits()))
-
-    thread = threading.Thread(target=asyncio.run, args=(bind_in_other_loop(),))
+    thread = threading.Thread(target=asyncio.run, args=(on_clock(),))
     thread.start()
     thread.join()
-    assert elsewhere
-    assert elsewhere[0] is not here
+
+
+async def test_the_default_limiter_shares_a_budget_between_loops(clock: VirtualClock) -> None:
+    here = DEFAULT_LIMITER.bind("acme", limits())
+    assert DEFAULT_LIMITER.bind("acme", limits()) is here
+    await request(here, "global", [])
+    elsewhere: list[StoreLimiter] = []
+    waits: list[float | None] = []
+
+    async def claim() -> None:
+        elsewhere.append(there := DEFAULT_LIMITER.bind("acme", limits()))
+        try:  # the slot just claimed here is an interval away from the next one there
+            async with there.slot("global", max_wait=0.0):
+                waits.append(None)
+        except RateLimitError as exc:
+            waits.append(exc.retry_after)
+
+    in_other_loop(clock, claim)
+    assert waits == [pytest.approx(interval_of(limits()))]
+    assert elsewhere[0] is not here  # a queue and an in-flight cap of its own
     with pytest.raises(ConfigError, match="another event loop"):
         async with elsewhere[0].slot("global"):
             pass
+
+
+async def test_a_loop_new_to_a_store_paces_by_the_spread_measured_in_others(
+    clock: VirtualClock,
+) -> None:
+    lim = limits(10, 1.0, margin=0.02)
+    here = DEFAULT_LIMITER.bind("acme", lim)
+    await asyncio.gather(*spawn(11, here, "global", []))  # n + 1 answers: a spread
+    assert here.stats().pools["global"].paced_by == "start"  # as the 11th start was paced
+    paced_by: list[str] = []
+
+    async def claim() -> None:
+        there = DEFAULT_LIMITER.bind("acme", lim)
+        with pytest.raises(RateLimitError):  # an interval away: not waited for
+            async with there.slot("global", max_wait=0.0):
+                pass
+        paced_by.append(there.stats().pools["global"].paced_by)
+
+    in_other_loop(clock, claim)
+    assert paced_by == ["floor"]  # not "start": no window of its own samples needed
+
+
+def test_threads_claiming_at_once_lose_no_slot() -> None:
+    """Claims from loops in several threads are serialised: every slot is claimed once."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows
+    shared, waits = MemoryPacing(), list[float]()
+
+    async def claim() -> None:
+        asyncio.get_running_loop().time = lambda: 0.0  # type: ignore[method-assign]
+        for _ in range(2_000):
+            waits.append((await shared.reserve("acme", "global", 1.0))[0])
+
+    try:
+        threads = [threading.Thread(target=asyncio.run, args=(claim(),)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert sorted(waits) == [float(i) for i in range(8_000)]
 
 
 # ---------------------------------------------------------------------------------------------
