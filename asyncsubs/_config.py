@@ -209,7 +209,8 @@ class RetryPolicy:
     - ``max_attempts``: attempts in all, the first included (1 disables retries).
     - ``backoff_initial``/``backoff_max``: capped exponential backoff with full jitter, seconds.
     - ``max_total``: give up once this many seconds have passed since the first attempt.
-    - ``retry_statuses``: HTTP statuses worth another attempt.
+    - ``retry_statuses``: HTTP statuses worth another attempt (a 2xx answer whose envelope
+      reports a server error, code ``INTERNAL_ERROR`` or ``SERVER_ERROR``, counts as a 500).
     - ``max_retry_after``: a Retry-After longer than this fails fast with RateLimitError.
     - ``retry_non_idempotent``: also retry POST/PATCH/DELETE after failures where the server may
       have processed the request (5xx, timeouts, resets). Off by default: those are retried only

@@ -101,6 +101,17 @@ def structurer_for(model: Any) -> Callable[[Any], Any] | None:
     return lambda record: hook(record, model)
 
 
+_FAILURES = (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError)
+
+
+def _fails(structure: Callable[[Any], Any], record: Any) -> bool:
+    try:
+        structure(record)
+    except _FAILURES:
+        return True
+    return False
+
+
 def structure_records(
     records: list[Any], structure: Callable[[Any], Any] | None, *, method: str, path: str
 ) -> list[Any]:
@@ -108,9 +119,14 @@ def structure_records(
         return records
     try:
         return [structure(r) for r in records]
-    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise ProtocolError(
-            f"{method} {path}: a record could not be structured: {type(exc).__name__}: {exc}",
-            method=method,
-            path=path,
-        ) from exc
+    except _FAILURES as exc:
+        failed = exc
+    # Off the hot path: which record, and (for a caller's class, through cattrs) which fields.
+    index = next((i for i, r in enumerate(records) if _fails(structure, r)), "?")
+    if isinstance(failed, cattrs.BaseValidationError):
+        detail = "; ".join(cattrs.transform_error(failed, path=f"$[{index}]"))
+    else:
+        detail = f"record {index}: {type(failed).__name__}: {failed}"
+    raise ProtocolError(
+        f"{method} {path}: a record could not be structured: {detail}", method=method, path=path
+    ) from failed

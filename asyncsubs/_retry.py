@@ -14,7 +14,7 @@ from typing import Final
 
 from ._config import RetryPolicy
 from ._protocol import Request
-from .errors import APIError, ProtocolError, RateLimitError, TransportError
+from .errors import APIError, ProtocolError, RateLimitError, ServerError, TransportError
 
 __all__ = ["pause_after_429", "retry_delay", "set_waiting", "waiting_enabled"]
 
@@ -49,8 +49,9 @@ def _is_retryable(exc: BaseException, request: Request, policy: RetryPolicy) -> 
         return False  # the server asks for a longer wait than the policy allows: fail fast
     if isinstance(exc, RateLimitError):
         return 429 in policy.retry_statuses
-    if isinstance(exc, APIError):
-        return exc.status in policy.retry_statuses and may_repeat
+    if isinstance(exc, APIError):  # a server error told in a 2xx envelope counts as a 500
+        status = 500 if isinstance(exc, ServerError) and exc.status < 500 else exc.status
+        return status in policy.retry_statuses and may_repeat
     if isinstance(exc, TransportError):
         return exc.transient and (may_repeat or not exc.maybe_processed)
     if isinstance(exc, ProtocolError):

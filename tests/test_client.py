@@ -292,6 +292,34 @@ async def test_empty_pages_in_a_row_are_bounded(
             await ids_of(client.orders.list())
 
 
+@attrs.frozen
+class Renewal:
+    id: int
+    next_charge_at: int
+
+
+@pytest.mark.parametrize(
+    ("model", "detail"),
+    [
+        (
+            Renewal,
+            r"required field missing @ \$\[1\]\.id; invalid value for type, expected int"
+            r" @ \$\[1\]\.next_charge_at",
+        ),
+        (asyncsubs.Order, "record 2: TypeError: expected a JSON object, got list"),
+    ],
+)
+async def test_a_record_that_does_not_structure_is_named(
+    server: FakeAdminServer, make_client: MakeClient, model: Any, detail: str
+) -> None:
+    records = [{"id": 1, "nextChargeAt": 5}, {"nextChargeAt": "soon"}, [3]]
+    page = {"success": True, "code": "SUCCESS", "data": records, "pageInfo": {"hasNextPage": False}}
+    server.enqueue(200, page, path="orders")
+    async with make_client() as client:
+        with pytest.raises(errors.ProtocolError, match=f"could not be structured: {detail}"):
+            await ids_of(client.orders.list(model=model))
+
+
 async def test_resume_cursor_repeated_by_server_is_a_loop(
     server: FakeAdminServer, make_client: MakeClient
 ) -> None:

@@ -39,11 +39,12 @@ async def test_transient_failures_are_retried_transparently(
     server.enqueue(502, b"<html>Bad Gateway</html>", {"Content-Type": "text/html"}, "orders")
     server.enqueue(200, b'{"success": true, "data": [{"id"', path="orders")  # truncated
     server.enqueue(503, b"", path="orders")
+    server.enqueue(200, {"success": False, "code": "INTERNAL_ERROR"}, path="orders")  # a 500's
     async with make_client() as client:
         got = await all_ids(client.orders.list(page_size=250, model=dict))
         stats = client.stats
     assert got == [r["id"] for r in server.records("acme", "orders")]
-    assert stats.pools["orders"].retries == 4
+    assert stats.pools["orders"].retries == 5
 
 
 async def test_errors_after_retries_carry_attempts_and_cause(
