@@ -527,6 +527,11 @@ def test_db_urls() -> None:
             parse_db_url(bad)
 
 
+def test_a_db_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory; name a database file in it"):
+        parse_db_url(f"sqlite:///{tmp_path}")
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "message"),
     [

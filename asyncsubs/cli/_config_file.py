@@ -198,6 +198,8 @@ def parse_db_url(url: str) -> Path | PostgresURL:
     if not path or path == ":memory:":
         # An in-memory database would vanish with the process, defeating resume.
         raise ConfigError(f"--db must name a file, got {url!r}")
+    if Path(path).is_dir():
+        raise ConfigError(f"--db: {path} is a directory; name a database file in it")
     return Path(path)
 
 
