@@ -302,12 +302,17 @@ class AdminClient:
     ) -> T:
         """Attempt ``number`` (from 1): a paced start, the transport, the protocol."""
         with call.attempt(number) as exchange:
-            async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
-                if self._closed:  # aclose() ran while this request waited: no new session
-                    raise ConfigError("the client was closed while this request waited")
-                exchange.sending()
-                on_connected.set(slot.sending)
-                raw = await self._transport.send(request, timeout=self.timeout)
+            try:
+                async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
+                    if self._closed:  # aclose() ran while this request waited: no new session
+                        raise ConfigError("the client was closed while this request waited")
+                    exchange.sending()
+                    on_connected.set(slot.sending)
+                    raw = await self._transport.send(request, timeout=self.timeout)
+            except RateLimitError as exc:  # the limiter's: a pause longer than max_retry_after
+                exc.method, exc.path = request.method, request.path
+                exc.args = (f"{request.method} {request.path}: {exc} (not sent)",)
+                raise
             exchange.received(raw.status)
             try:
                 result = parse(request.method, request.path, raw)

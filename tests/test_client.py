@@ -599,6 +599,9 @@ async def test_a_long_retry_after_fails_every_request_of_the_pool_fast(
     assert later.value.retry_after is not None
     assert 3590 < later.value.retry_after <= 3600
     assert server.stats("acme").requests == sent + 1  # only the orders request went out
+    assert (later.value.method, later.value.path) == ("GET", "subscriptions/1")
+    assert str(later.value).startswith("GET subscriptions/1: store 'acme': the global pool is")
+    assert str(later.value).endswith("longer than RetryPolicy.max_retry_after (not sent)")
 
 
 async def test_the_clients_own_session_reports_each_request_as_it_gets_its_connection(
