@@ -231,20 +231,33 @@ def clean_path(path: str) -> str:
 def _query_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str | int | float):
+    if isinstance(value, str | int) or (isinstance(value, float) and math.isfinite(value)):
         return str(value)
-    raise ConfigError(f"query parameter values must be str, int, float or bool, got {value!r}")
+    raise ConfigError(
+        f"query parameter values must be str, int, finite float or bool, got {value!r}"
+    )
 
 
 def encode_json(value: Any) -> bytes:
     """A request's JSON body; ConfigError for a value JSON cannot carry."""
     try:
-        return _json.dumps(value)
+        encoded = _json.dumps(value)
     except TypeError as exc:
         raise ConfigError(
             f"json= cannot be sent as JSON ({exc}); pass dicts with str keys, lists, str, "
             "int, float, bool or None"
         ) from None
+    if b"null" in encoded and _holds_non_finite(value):  # orjson writes them as null
+        raise ConfigError("json= holds a NaN or an infinity, which JSON cannot carry")
+    return encoded
+
+
+def _holds_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict | list | tuple):
+        return any(map(_holds_non_finite, value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def request_headers(token: str, user_agent: str = USER_AGENT) -> Mapping[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -563,6 +564,19 @@ async def test_misuse_is_a_config_error(make_client: MakeClient, method: str, js
     async with make_client() as client:
         with pytest.raises(errors.ConfigError, match=r"method name|cannot be sent as JSON"):
             await client.request(method, "subscriptions/1", json=json)
+
+
+@pytest.mark.parametrize(
+    "json",
+    [{"price": math.nan}, [1, None, [math.inf]], {"a": {"b": (None, -math.inf)}}, 2**64 * 1.0e300],
+)
+async def test_a_nan_or_an_infinity_is_not_sent_as_null(make_client: MakeClient, json: Any) -> None:
+    async with make_client() as client:
+        with pytest.raises(errors.ConfigError, match="NaN or an infinity"):
+            await client.request("POST", "subscriptions/1/pause", json=json)
+        with pytest.raises(errors.ConfigError, match="finite float"):
+            await client.request("GET", "subscriptions", params={"since": math.nan})
+        await client.request("GET", "subscriptions", params={"pageSize": 1, "since": 0.5})
 
 
 async def test_json_body_integers_beyond_64_bits_are_sent_exactly(make_client: MakeClient) -> None:
