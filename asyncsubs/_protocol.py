@@ -351,10 +351,12 @@ def error_class(status: int, code: str | None) -> type[APIError]:
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header, or None: delay-seconds (a fraction tolerated;
     one too large for a float is 2**31, as RFC 9111 1.2.2 has it) or an HTTP date in any of its
-    three forms (asctime's, with no zone, is GMT too)."""
+    three forms (asctime's, with no zone, is GMT too). The field sent twice (joined ``30, 60``):
+    the longest delay."""
     value = (value or "").strip()
-    if _DELAY_SECONDS.fullmatch(value):
-        return min(float(value), 2.0**31)
+    delays = [v.strip() for v in value.split(",")]
+    if all(_DELAY_SECONDS.fullmatch(delay) for delay in delays):
+        return min(max(map(float, delays)), 2.0**31)
     try:
         when = email.utils.parsedate_to_datetime(value)
         seconds = when.replace(tzinfo=when.tzinfo or datetime.UTC).timestamp()

@@ -254,6 +254,11 @@ def test_retry_after_forms() -> None:
         assert parse_retry_after(bad) is None, bad
     # Too large for a float: 2**31 s, as RFC 9111 1.2.2 has it (then capped by the caller).
     assert parse_retry_after("9" * 400) == 2.0**31
+    # The field sent twice arrives joined (RFC 9110 5.3): the longer delay, not none.
+    assert parse_retry_after("30, 30") == 30.0
+    assert parse_retry_after("30,60") == 60.0
+    for bad in ("30,", ",", "30, soon", "30, -1"):
+        assert parse_retry_after(bad) is None, bad
     date = email.utils.formatdate(1_000_030, usegmt=True)
     assert parse_retry_after(date, now=1_000_000) == pytest.approx(30.0)
     # The obsolete forms a recipient must accept too (RFC 9110 5.6.7); asctime's is GMT.
