@@ -249,7 +249,12 @@ class _Instruments:
                 yield {STORE: limiter.store, POOL: name}, pool
 
     def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [metrics.Observation(pool.in_flight, attrs) for attrs, pool in self._pools()]
+        # A store bound in several event loops (threads) has a limiter in each: one sum.
+        totals: dict[tuple[str, str], int] = {}
+        for attrs, pool in self._pools():
+            key = (attrs[STORE], attrs[POOL])
+            totals[key] = totals.get(key, 0) + pool.in_flight
+        return [metrics.Observation(n, {STORE: s, POOL: p}) for (s, p), n in totals.items()]
 
     def _intervals(self, options: CallbackOptions) -> Iterable[Observation]:
         # A pool that has not paced a request yet has no interval to report.

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -382,3 +383,28 @@ def test_the_global_providers_are_used_by_default() -> None:
         "points": 2,
         "spans": ["GET", "asyncsubs.request GET", "GET", "asyncsubs.request GET"],
     }
+
+
+async def test_in_flight_is_one_sum_for_a_store_bound_in_several_loops(otel: Otel) -> None:
+    instruments = telemetry._Instruments(otel.meter_provider)
+    limiter, limits = Limiter(), Limits(global_rate=Rate(1000), heavy={})
+    here = limiter.bind("shop", limits)
+    instruments.observe(here)
+    elsewhere: list[Any] = []
+
+    async def start_one_never_answered() -> None:
+        elsewhere.append(there := limiter.bind("shop", limits))
+        instruments.observe(there)
+        await there.slot("global").__aenter__()
+
+    thread = threading.Thread(target=asyncio.run, args=(start_one_never_answered(),))
+    thread.start()
+    thread.join()
+    async with here.slot("global"):
+        observed = instruments._in_flight(None)  # type: ignore[arg-type]
+        points = otel.metrics()["asyncsubs.requests.in_flight"]
+    store_and_pool = {telemetry.STORE: "shop", telemetry.POOL: "global"}
+    # One observation per attributes, as the metrics API asks of a callback, and not left to an
+    # SDK to add up.
+    assert [o.value for o in observed if o.attributes == store_and_pool] == [2]
+    assert [p.value for p in points if p.attributes == store_and_pool] == [2]
