@@ -11,6 +11,7 @@ from typing import Any
 
 import trustme
 from aiohttp import web
+from app_server import serving
 
 
 class WireServer:
@@ -77,15 +78,8 @@ async def untrusted_tls_server() -> AsyncIterator[tuple[str, trustme.CA]]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"https://127.0.0.1:{port}", ca
-    finally:
-        await runner.cleanup()
+    async with serving(app, ssl_context=context) as origin:
+        yield origin, ca
 
 
 def places_holding(exc: BaseException, secret: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from app_server import serving
 
 from asyncsubs import AdminClient, BadRequestError, Limits, NotFoundError
 from asyncsubs.testing import (
@@ -305,23 +307,17 @@ class Sink:
 
 @pytest.fixture
 async def sink() -> AsyncIterator[Callable[..., Any]]:
-    runners: list[web.AppRunner] = []
+    async with contextlib.AsyncExitStack() as servers:
 
-    async def start(answer: Callable[[int], int] = lambda n: 200) -> Sink:
-        sink = Sink(answer)
-        app = web.Application()
-        app.router.add_post("/hook", sink.handle)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        host, port = runner.addresses[0][:2]
-        sink.url = f"http://{host}:{port}/hook"
-        return sink
+        async def start(answer: Callable[[int], int] = lambda n: 200) -> Sink:
+            sink = Sink(answer)
+            app = web.Application()
+            app.router.add_post("/hook", sink.handle)
+            origin = await servers.enter_async_context(serving(app, shutdown_timeout=0.5))
+            sink.url = f"{origin}/hook"
+            return sink
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+        yield start
 
 
 async def test_sender_signs_every_delivery_and_drops_deterministically(sink: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from app_server import serving
 from hostile import WireServer, places_holding, untrusted_tls_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,19 +194,12 @@ async def test_oversized_chunked_body_refused_without_reading_it_all(
 
     app = web.Application()
     app.router.add_get("/admin/2026-04/huge", endless)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with make_client(
-            base_url=f"http://127.0.0.1:{port}", max_response_bytes=1_000_000
-        ) as client:
-            with pytest.raises(errors.ProtocolError, match="exceeds"):
-                await client.request("GET", "huge")
-    finally:
-        await runner.cleanup()
+    async with (
+        serving(app) as origin,
+        make_client(base_url=origin, max_response_bytes=1_000_000) as client,
+    ):
+        with pytest.raises(errors.ProtocolError, match="exceeds"):
+            await client.request("GET", "huge")
     assert sent < 64 * 1024 * 1024
 
 
@@ -220,18 +214,11 @@ async def test_redirect_never_carries_the_token_to_another_origin(
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", record)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.2" if _has_127_0_0_2() else "127.0.0.1", 0)
-    await site.start()
-    host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
-    try:
-        server.redirect("subscriptions/1", f"http://{host}:{port}/steal", times=None)
+    async with serving(app, host="127.0.0.2" if _has_127_0_0_2() else "127.0.0.1") as origin:
+        server.redirect("subscriptions/1", f"{origin}/steal", times=None)
         async with make_client() as client:
             with pytest.raises(errors.ProtocolError, match="not followed") as info:
                 await client.request("GET", "subscriptions/1")
-    finally:
-        await runner.cleanup()
     assert seen == []
     assert server.store("acme").token not in str(info.value)
 

@@ -22,6 +22,8 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from app_server import serving
+from yarl import URL
 
 from asyncsubs import AdminClient, ConfigError, Limits
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
@@ -733,28 +735,18 @@ async def test_handle_inside_a_users_app(session: aiohttp.ClientSession) -> None
 
     app.router.add_get("/health", health)
     receiver.attach(app, "/hooks/acme")
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
     body = event_body()
-    try:
-        url = f"http://{host}:{port}/hooks/acme"
+    async with serving(app) as origin:  # its end runs on_cleanup, which closes the receiver
         headers = {"X-Service-Signature": hex_sig(body)}
-        async with session.post(url, data=body, headers=headers) as response:
+        async with session.post(f"{origin}/hooks/acme", data=body, headers=headers) as response:
             assert response.status == 200
         await receiver.join()
-    finally:
-        await runner.cleanup()  # on_cleanup closes the receiver
     assert [e.id for e in handler.events] == ["evt-1"]
     status = await receiver.handle(make_request(body))
     assert status.status == 503  # closed with the app
 
 
-async def serve_in_users_app(
-    receiver: WebhookReceiver, entered: asyncio.Event
-) -> tuple[web.AppRunner, int]:
+def users_app(receiver: WebhookReceiver, entered: asyncio.Event) -> web.Application:
     """``receiver.handle`` as a route of a user's app (started and closed by hand); ``entered``
     is set as each delivery's headers have arrived and the receiver starts reading its body."""
 
@@ -764,11 +756,7 @@ async def serve_in_users_app(
 
     app = web.Application()
     app.router.add_post("/hooks", route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    return app
 
 
 @pytest.mark.parametrize("with_inbox", [False, True], ids=["memory", "inbox"])
@@ -782,14 +770,14 @@ async def test_a_delivery_completed_while_closing_is_refused_not_dropped(
     receiver = WebhookReceiver(WebhookConfig(SECRET), handler, inbox=inbox)
     await receiver.start()
     entered = asyncio.Event()
-    runner, port = await serve_in_users_app(receiver, entered)
     body = event_body("late")
     head = (
         f"POST /hooks HTTP/1.1\r\nHost: x\r\nX-Service-Signature: {hex_sig(body)}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with serving(users_app(receiver, entered)) as origin:
+        address = URL(origin)
+        reader, writer = await asyncio.open_connection(address.host, address.port)
         if inbox is None:
             writer.write(head.encode() + body[:5])
             await entered.wait()  # reading the body
@@ -802,8 +790,6 @@ async def test_a_delivery_completed_while_closing_is_refused_not_dropped(
             inbox.gate.set()
         status = await reader.readline()
         writer.close()
-    finally:
-        await runner.cleanup()
     assert status.startswith(b"HTTP/1.1 503"), status
     assert (receiver.pending, receiver.stats.accepted, receiver.stats.unavailable) == (0, 0, 1)
     assert handler.events == []
