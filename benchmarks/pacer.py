@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs.limiting import Limiter
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 from asyncsubs.testing._limits import Window
 
@@ -85,6 +86,9 @@ async def drive(
 ) -> dict[str, Any]:
     """Hammer (or, with ``pulls``, list-pull) every store for ``seconds``; 429s at ``mark``."""
     limits = Limits(global_rate=RATE, heavy=heavy_map(HEAVY))
+    # Every row is a fresh client against a fresh server: nothing learnt in the row before (the
+    # default limiter's is process-wide and the rows reuse store names).
+    limiter = Limiter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         if warm:
             await warm_up(remote, stores, session)
@@ -95,6 +99,7 @@ async def drive(
                 store=s,
                 limits=limits,
                 session=session,
+                limiter=limiter,
             )
             for s in stores
         }
