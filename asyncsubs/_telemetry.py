@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from ._limiter import StoreLimiter
-    from ._stats import PoolStats
 
 __all__ = ["AVAILABLE", "Call", "Exchange", "Telemetry", "telemetry_for"]
 
@@ -241,29 +240,34 @@ class _Instruments:
         with self._lock:
             self._limiters.add(limiter)
 
-    def _pools(self) -> Iterable[tuple[dict[str, Any], PoolStats]]:
+    def _pools(self) -> list[tuple[dict[str, Any], int, float, float]]:
+        """Per store and pool, over the event loops (threads) that bound the store, one limiter
+        each: requests in flight (the sum), interval and margin (the widest), as the metrics
+        API asks for one observation per attributes."""
         with self._lock:
             limiters = list(self._limiters)
+        merged: dict[tuple[str, str], tuple[int, float, float]] = {}
         for limiter in limiters:
             for name, pool in limiter.stats().pools.items():
-                yield {STORE: limiter.store, POOL: name}, pool
+                n, interval, margin = merged.get((limiter.store, name), (0, 0.0, 0.0))
+                merged[limiter.store, name] = (
+                    n + pool.in_flight,
+                    max(interval, pool.interval),
+                    max(margin, pool.margin),
+                )
+        return [({STORE: s, POOL: p}, *values) for (s, p), values in merged.items()]
 
     def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
-        # A store bound in several event loops (threads) has a limiter in each: one sum.
-        totals: dict[tuple[str, str], int] = {}
-        for attrs, pool in self._pools():
-            key = (attrs[STORE], attrs[POOL])
-            totals[key] = totals.get(key, 0) + pool.in_flight
-        return [metrics.Observation(n, {STORE: s, POOL: p}) for (s, p), n in totals.items()]
+        return [metrics.Observation(n, attrs) for attrs, n, _, _ in self._pools()]
 
     def _intervals(self, options: CallbackOptions) -> Iterable[Observation]:
         # A pool that has not paced a request yet has no interval to report.
         pools = self._pools()
-        return [metrics.Observation(p.interval, attrs) for attrs, p in pools if p.interval > 0]
+        return [metrics.Observation(i, attrs) for attrs, _, i, _ in pools if i > 0]
 
     def _margins(self, options: CallbackOptions) -> Iterable[Observation]:
         pools = self._pools()
-        return [metrics.Observation(p.margin, attrs) for attrs, p in pools if p.interval > 0]
+        return [metrics.Observation(m, attrs) for attrs, _, i, m in pools if i > 0]
 
 
 _lock = threading.Lock()

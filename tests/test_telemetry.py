@@ -388,6 +388,7 @@ def test_the_global_providers_are_used_by_default() -> None:
 async def test_in_flight_is_one_sum_for_a_store_bound_in_several_loops(otel: Otel) -> None:
     instruments = telemetry._Instruments(otel.meter_provider)
     limiter, limits = Limiter(), Limits(global_rate=Rate(1000), heavy={})
+    store_and_pool = {telemetry.STORE: "shop", telemetry.POOL: "global"}
     here = limiter.bind("shop", limits)
     instruments.observe(here)
     elsewhere: list[Any] = []
@@ -401,10 +402,17 @@ async def test_in_flight_is_one_sum_for_a_store_bound_in_several_loops(otel: Ote
     thread.start()
     thread.join()
     async with here.slot("global"):
-        observed = instruments._in_flight(None)  # type: ignore[arg-type]
+        observed = {
+            name: [o.value for o in callback(None) if o.attributes == store_and_pool]  # type: ignore[arg-type]
+            for name, callback in [
+                ("in flight", instruments._in_flight),
+                ("interval", instruments._intervals),
+                ("margin", instruments._margins),
+            ]
+        }
         points = otel.metrics()["asyncsubs.requests.in_flight"]
-    store_and_pool = {telemetry.STORE: "shop", telemetry.POOL: "global"}
     # One observation per attributes, as the metrics API asks of a callback, and not left to an
-    # SDK to add up.
-    assert [o.value for o in observed if o.attributes == store_and_pool] == [2]
+    # SDK to add up: the sum of what is in flight, the widest interval and margin.
+    interval = here.stats().pools["global"].interval
+    assert observed == {"in flight": [2], "interval": [interval], "margin": [pytest.approx(0.1)]}
     assert [p.value for p in points if p.attributes == store_and_pool] == [2]
