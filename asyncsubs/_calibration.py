@@ -28,7 +28,7 @@ class Jitter:
     ``answered - due`` of light requests, each stamped within that span. A new largest counts at
     once, no outlier: a stalled server stamps what it held at once, overflowing a window."""
 
-    __slots__ = ("_fresh", "_samples", "_top", "needed", "spread")
+    __slots__ = ("__weakref__", "_fresh", "_samples", "_top", "needed", "spread")
 
     def __init__(self, n: int) -> None:
         self.needed, self._samples = n + 1, deque[float](maxlen=2 * n + 2)

@@ -266,12 +266,13 @@ class StoreLimiter:
 class Limiter:
     """Per-store limiter state, one per store and loop, pacing through ``backend`` (by default a
     :class:`MemoryPacing` of its own, shared by every loop of the process). A store has one
-    budget: binding it again in a loop with other :class:`Limits` raises ConfigError."""
+    budget: binding it in a loop where it is in use with other :class:`Limits` is a ConfigError."""
 
     def __init__(self, backend: PacingBackend | None = None) -> None:
         self._backend = MemoryPacing() if backend is None else backend
-        self._stores = weakref.WeakKeyDictionary[Any, dict[str, StoreLimiter]]()  # per loop
-        self._jitters: dict[str, Jitter] = {}  # per store: the answers of all its loops
+        # Weak: a loop is freed with its clients (its limiters' asyncio locks hold it).
+        self._stores = weakref.WeakValueDictionary[tuple[Any, str], StoreLimiter]()
+        self._jitters = weakref.WeakValueDictionary[tuple[str, Limits], Jitter]()  # all loops'
 
     def bind(self, store: str, limits: Limits) -> StoreLimiter:
         """The limiter of ``store`` in the running loop; same store and loop -> same object."""
@@ -280,10 +281,9 @@ class Limiter:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise ConfigError("Limiter.bind() must run in the event loop that sends") from None
-        stores = self._stores.setdefault(loop, {})
-        if (bound := stores.get(store)) is None:
-            jitter = self._jitters.setdefault(store, Jitter(limits.global_rate.n))
-            bound = stores[store] = StoreLimiter(store, limits, self._backend, jitter)
+        if (bound := self._stores.get(key := (weakref.ref(loop), store))) is None:
+            jitter = self._jitters.setdefault((store, limits), Jitter(limits.global_rate.n))
+            bound = self._stores[key] = StoreLimiter(store, limits, self._backend, jitter)
         if bound.limits != limits:
             message = f"store {store!r} is already in use with other Limits ({bound.limits!r})"
             raise ConfigError(f"{message}; every client of one store must pass the same Limits")

@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -998,6 +999,38 @@ async def test_a_loop_new_to_a_store_paces_by_the_spread_measured_in_others(
 
     in_other_loop(clock, claim)
     assert paced_by == ["floor"]  # not "start": no window of its own samples needed
+
+
+async def test_loops_share_a_stores_spread_under_the_same_limits_only(clock: VirtualClock) -> None:
+    limiter = Limiter()
+    here = limiter.bind("acme", limits(10))
+    jitters: list[Any] = []
+
+    async def bind(lim: Limits) -> None:
+        jitters.append(limiter.bind("acme", lim).jitter)
+
+    in_other_loop(clock, lambda: bind(limits(10)))
+    in_other_loop(clock, lambda: bind(limits(50)))  # a misconfiguration: sized for its own rate
+    assert jitters[0] is here.jitter
+    assert jitters[1] is not here.jitter
+    assert jitters[1].needed == 51
+
+
+def test_a_finished_loop_is_not_kept_alive_by_the_limiter() -> None:
+    """A pool's asyncio lock holds its loop once contended; the limiter holds a loop's limiters
+    weakly, so a finished loop goes with its clients."""
+    limiter, finished = Limiter(), list[Any]()
+
+    async def contended() -> None:
+        finished.append(weakref.ref(asyncio.get_running_loop()))
+        sl = limiter.bind("acme", limits(1_000))  # a millisecond apart: the 3rd waits for its turn
+        await asyncio.gather(*spawn(3, sl, "global", []))
+        assert sl._pools["global"].turn._loop is not None  # type: ignore[attr-defined]
+
+    for _ in range(3):
+        asyncio.run(contended())
+    gc.collect()
+    assert [loop() for loop in finished] == [None, None, None]
 
 
 def test_threads_claiming_at_once_lose_no_slot() -> None:
