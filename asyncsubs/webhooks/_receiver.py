@@ -388,6 +388,11 @@ class WebhookReceiver:
     def _busy(self, state: str) -> web.Response:
         return _answer(503, state, {"Retry-After": str(self.config.retry_after)})
 
+    def _duplicate(self, event: WebhookEvent) -> web.Response:
+        self._stats.duplicates += 1
+        log.debug("duplicate webhook event %s%s ignored", event.id, self._for)
+        return _answer(200, "duplicate")
+
     async def _receive(
         self, request: web.Request, connection: GuardedConnection | None
     ) -> web.Response:
@@ -455,15 +460,11 @@ class WebhookReceiver:
             if not await asyncio.shield(keeping):
                 self._stats.unavailable += 1
                 return self._busy("busy")
-            self._stats.duplicates += 1
-            log.debug("duplicate webhook event %s%s ignored", event.id, self._for)
-            return _answer(200, "duplicate")
+            return self._duplicate(event)
         # No await between the dedupe check and remembering the id: concurrent copies of one
         # delivery cannot both get in.
         if event.id in self._seen:
-            self._stats.duplicates += 1
-            log.debug("duplicate webhook event %s%s ignored", event.id, self._for)
-            return _answer(200, "duplicate")
+            return self._duplicate(event)
         if self._queue.qsize() + self._adding >= self.config.queue_size:
             self._stats.unavailable += 1
             log.warning(
@@ -499,8 +500,7 @@ class WebhookReceiver:
                 if not kept.done():  # not written: copies waiting on it get 503 too
                     kept.set_result(False)
             if not added:  # kept from before a restart, and queued from there
-                self._stats.duplicates += 1
-                return _answer(200, "duplicate")
+                return self._duplicate(event)
             if not self._accepting:
                 # aclose() began during the write: kept in the inbox for the next start(), which
                 # queues it (the sender's retry is then a duplicate); not queued here, where the
