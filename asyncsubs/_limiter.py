@@ -200,7 +200,7 @@ class StoreLimiter:
         """The pool's interval now, with its margin and what set it."""
         limits, rate, spread = self.limits, p.server_rate or p.rate, self.jitter.spread
         if spread is None and (p is self._global or p.requests <= rate.n):
-            margin, paced_by = limits.max_margin, "start"  # until a window of samples exists
+            margin, paced_by = limits.max_margin, "start"  # until the first spread
         else:  # a store sending heavy lists only has no samples: their pool paces at the floor
             margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"

@@ -637,12 +637,12 @@ async def test_cancel_after_being_granted_a_place_passes_it_on(clock: VirtualClo
 # The measured margin
 
 
-def test_jitter_spread_waits_for_a_window_then_covers_every_sample_in_it() -> None:
+def test_jitter_spread_waits_for_16_samples_then_covers_every_sample_of_two_windows() -> None:
     jitter = Jitter(50)
-    for i in range(50):
+    for i in range(15):
         jitter.add(0.010 + (i % 11) * 0.001)
         assert jitter.spread is None
-    jitter.add(0.020)  # the 51st sample: a spread at last
+    jitter.add(0.020)  # the 16th sample: a spread at last
     assert jitter.spread == pytest.approx(0.010)
     # 102 samples kept (2 n + 2); one answer held by a stall counts while it is among them.
     for _ in range(7 * 16):  # recomputed every 16 samples
@@ -998,7 +998,7 @@ async def test_a_loop_new_to_a_store_paces_by_the_spread_measured_in_others(
         paced_by.append(there.stats().pools["global"].paced_by)
 
     in_other_loop(clock, claim)
-    assert paced_by == ["floor"]  # not "start": no window of its own samples needed
+    assert paced_by == ["floor"]  # not "start": no samples of its own needed
 
 
 async def test_loops_share_a_stores_spread_under_the_same_limits_only(clock: VirtualClock) -> None:
@@ -1013,7 +1013,7 @@ async def test_loops_share_a_stores_spread_under_the_same_limits_only(clock: Vir
     in_other_loop(clock, lambda: bind(limits(50)))  # a misconfiguration: sized for its own rate
     assert jitters[0] is here.jitter
     assert jitters[1] is not here.jitter
-    assert jitters[1].needed == 51
+    assert jitters[1]._samples.maxlen == 102  # two windows of its own rate
 
 
 def test_a_finished_loop_is_not_kept_alive_by_the_limiter() -> None:
