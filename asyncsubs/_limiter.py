@@ -76,8 +76,8 @@ class _Pool:
     """One (store, pool) in this process; the counters are named as PoolStats' fields."""
 
     def __init__(self, name: str, rate: Rate) -> None:
-        self.name, self.rate, self.paced_by = name, rate, "start"
-        self.server_rate: Rate | None = None  # a lower rate the server announced
+        self.name, self.paced_by = name, "start"
+        self.configured = self.rate = rate  # rate: paced by, lower if the server announced so
         self.turn = asyncio.Lock()  # FIFO without barging, as Python 3.11's locks are
         self.slowdown = Slowdown()
         self.pause_until = self.last_start = self.run_start = -math.inf
@@ -103,8 +103,8 @@ class Slot:
     def sending(self) -> None:
         """The request goes out now (again when a session the client made gives it a connection:
         a connect delays it unseen); past half the room, the pool's pace restarts from now."""
-        p, rate = self._pool, self._pool.server_rate or self._pool.rate
-        room = rate.n * p.interval - rate.per  # how far n paced starts span beyond a window
+        p = self._pool
+        room = p.rate.n * p.interval - p.rate.per  # how far n paced starts span beyond a window
         if asyncio.get_running_loop().time() - self.due > room / 2:  # half for the server's delay
             self._limiter.pause(p.name, p.interval)  # its whole margin kept from this start
 
@@ -153,12 +153,11 @@ class StoreLimiter:
         p, now = slot._pool, asyncio.get_running_loop().time()
         p.rate_limited += 1
         if slot.due > p.slowdown.widened_at:  # else sent before the last widening
-            rate = p.server_rate or p.rate
-            since = max(p.run_start, slot.due - rate.per)
+            since = max(p.run_start, slot.due - p.rate.per)
             # The store's starts in the window before, by the interval (all processes sharing the
             # backend start one per interval), unless a pause lies within.
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
-            factor = p.slowdown.widen(now, rate.n / accepted if accepted >= 3 else 1.0)
+            factor = p.slowdown.widen(now, p.rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
         self.pause(p.name, pause or 0.0)
 
@@ -170,10 +169,10 @@ class StoreLimiter:
         if mode == "ignore":
             return
         if limit.quota is not None:
-            announced = Rate(limit.quota, per=limit.window or p.rate.per)
-            lower = announced.per_second < p.rate.per_second
-            p.server_rate = announced if lower or mode == "follow" else None
-        covered = p.server_rate is not None and (limit.reset or 0) <= 1.0
+            announced = Rate(limit.quota, per=limit.window or p.configured.per)
+            lower = announced.per_second < p.configured.per_second
+            p.rate = announced if lower or mode == "follow" else p.configured
+        covered = p.rate is not p.configured and (limit.reset or 0) <= 1.0
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
 
@@ -198,14 +197,15 @@ class StoreLimiter:
 
     def _pace(self, p: _Pool, now: float) -> float:
         """The pool's interval now, with its margin and what set it."""
-        limits, rate, spread = self.limits, p.server_rate or p.rate, self.jitter.spread
+        limits, rate, spread = self.limits, p.rate, self.jitter.spread
         if spread is None and (p is self._global or p.requests <= rate.n):
             margin, paced_by = limits.max_margin, "start"  # until the first spread
         else:  # a store sending heavy lists only has no samples: their pool paces at the floor
             margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"
         slowdown = p.slowdown.value(now)
-        paced_by = "429" if slowdown > 1.001 else "server" if p.server_rate else paced_by
+        paced_by = "server" if p.rate is not p.configured else paced_by
+        paced_by = "429" if slowdown > 1.001 else paced_by
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
             message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
@@ -241,7 +241,7 @@ class StoreLimiter:
             p.waiting -= 1
         # Back from idle (not from a pause), the server's window holds nothing of this pool:
         # a 429 then tells its quota by the starts since (see rate_limited).
-        if due - p.last_start >= (p.server_rate or p.rate).per and p.pause_until <= p.last_start:
+        if due - p.last_start >= p.rate.per and p.pause_until <= p.last_start:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
         p.wait_seconds += due - queued_at
