@@ -342,7 +342,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from asyncsubs import AdminClient
+from asyncsubs._protocol import Request
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+
+REQUEST = Request(method="GET", url="http://127.0.0.1/x", path="x", headers={})
 
 async def main():
     async with FakeAdminServer(stores=[FakeStoreConfig("acme", records=10)]) as server:
@@ -351,6 +354,7 @@ async def main():
             return AdminClient(token=token, base_url=server.base_url, store=store, **kwargs)
         early = client("early")  # made, and used, before the application configures the SDK
         await early.request("GET", "subscriptions", params={"pageSize": 5})
+        before = type(early._telemetry.call("request", REQUEST, "global")).__name__
         reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         tracer_provider = TracerProvider()
@@ -363,7 +367,9 @@ async def main():
     (duration,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics
                    for m in sm.metrics if m.name == "http.client.request.duration"]
     spans = [s.name for s in exporter.get_finished_spans()]
-    print(json.dumps({"points": sum(p.count for p in duration.data.data_points), "spans": spans}))
+    after = type(early._telemetry.call("request", REQUEST, "global")).__name__
+    points = sum(p.count for p in duration.data.data_points)
+    print(json.dumps({"points": points, "spans": spans, "calls": [before, after]}))
 
 asyncio.run(main())
 """
@@ -377,12 +383,27 @@ def test_the_global_providers_are_used_by_default() -> None:
         timeout=60,
         check=True,
     ).stdout
-    # Two clients record once the SDK is configured (one made and used before); the one
-    # switched off does not.
+    # Two clients record once the SDK is configured (one made and used before, whose calls
+    # recorded nothing until then); the one switched off does not.
     assert json.loads(out) == {
         "points": 2,
         "spans": ["GET", "asyncsubs.request GET", "GET", "asyncsubs.request GET"],
+        "calls": ["Call", "_RecordingCall"],
     }
+
+
+def test_a_call_records_nothing_while_no_global_provider_is_set(otel: Otel) -> None:
+    """The test process configures no SDK globally: a client on the global providers skips a
+    call's recording (it would go nowhere); one given providers records."""
+    base = {"token": "t", "base_url": "https://subs.example"}
+    request = Request(method="GET", url="https://subs.example/x", path="x", headers={})
+    unobserved = AdminClient(**base)._telemetry.call("request", request, "global")
+    assert type(unobserved) is telemetry.Call
+    observed = AdminClient(**base, **otel.providers())._telemetry.call("request", request, "global")
+    assert type(observed) is not telemetry.Call
+    with observed:
+        pass
+    assert [s.name for s in otel.spans] == ["asyncsubs.request GET"]
 
 
 async def test_in_flight_is_one_sum_for_a_store_bound_in_several_loops(otel: Otel) -> None:
