@@ -25,9 +25,11 @@ ten goes out later than the floor allows for, whatever the CPU figure says (an e
 
 Client CPU per request at 20 and 75 stores is judged against raw aiohttp sending the same
 requests: at most ``MAX_CPU_RATIO`` times as much. The machine's speed drifts by tens of % over
-seconds to minutes (both processes' CPU per request rise together), so a row run once is
-not the measure: after the rows, each judged count runs ``CPU_PAIRS`` more times on fresh
-stores, each time right after a raw baseline run, and the median of those pairs' ratios is
+seconds to minutes (both processes' CPU per request rise together), so runs one after the other
+are not the measure (pairs of a raw run and a row run back to back read 1.01 to 1.50 for one
+count in one run): after the rows, the client at each judged count (fresh stores) and raw aiohttp
+flat out take turns in one loop, ``CPU_WINDOW`` s each (``CPU_WINDOWS`` turns a side, the first
+and last ``CPU_SETTLE`` s of a turn not counted), and the median of the adjacent turns' ratios is
 judged. The table's "x raw aiohttp" divides by the median of the baseline runs around the rows.
 
 The largest counts run a second time with the process's garbage collector tuned as README.md
@@ -51,13 +53,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import itertools
 import json
 import time
 from typing import Any
 
 import aiohttp
 
-from asyncsubs import AdminClient, Limits, Rate
+from asyncsubs import AdminClient, AsyncSubsError, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 
 from ._common import (
@@ -90,8 +93,12 @@ QUICK_COUNTS = (1, 20, 50, 100)
 #: Counts whose client CPU per request is judged against raw aiohttp's.
 CPU_COUNTS = (20, 75)
 MAX_CPU_RATIO = 1.3
-#: (raw baseline, client row) pairs run back to back for each judged count.
-CPU_PAIRS, QUICK_CPU_PAIRS = 3, 1
+#: Turns a side for the judged counts' CPU ratio, seconds counted in each, seconds not counted at
+#: either end of it (the other side's requests under way end; this side's start).
+CPU_WINDOWS, QUICK_CPU_WINDOWS = 20, 4
+CPU_WINDOW, CPU_SETTLE = 0.5, 0.2
+#: Raw aiohttp's requests at a time, flat out (as ``raw_light_baseline``'s).
+RAW_CONCURRENCY = 20
 LATE_LIMIT = 0.010
 #: Counts run again with the garbage collector tuned (see the module docstring).
 TUNED_COUNTS = (75, 100)
@@ -120,12 +127,10 @@ NAIVE_COUNT, SLEPT_COUNT = 75, 20
 SLEPT_INTERVAL = RATE.interval * 1.05
 
 
-def store_names(
-    loop: str, count: int, variant: str = DEFAULT, pair: int | None = None
-) -> list[str]:
-    """Fresh stores of one row; ``pair`` numbers the CPU pairs' reruns of a row."""
+def store_names(loop: str, count: int, variant: str = DEFAULT, cpu: bool = False) -> list[str]:
+    """Fresh stores of one row; ``cpu``: of the judged counts' CPU turns."""
     tags = {DEFAULT: "", TUNED: "-gc", NAIVE: "-naive", SLEPT_RAW: "-sr", SLEPT_CLIENT: "-sc"}
-    tag = tags[variant] + ("" if pair is None else f"-cpu{pair}")
+    tag = tags[variant] + ("-cpu" if cpu else "")
     return [f"g-{loop}-{count}{tag}-{i:03d}" for i in range(count)]
 
 
@@ -240,6 +245,86 @@ async def slept_phase(
         return result
 
 
+async def cpu_ratio_phase(
+    remote: RemoteFakeServer, stores: list[str], windows: int
+) -> list[tuple[float, float]]:
+    """Client CPU per request at ``stores`` and raw aiohttp's flat out, measured in windows that
+    take turns in one loop (``CPU_WINDOW`` s each, after ``CPU_SETTLE`` s of start-up and
+    before as long for the requests under way): ``windows`` (client, raw) pairs, in seconds
+    per request. Each side waits at a gate while the other runs."""
+    loop = asyncio.get_running_loop()
+    gates = {"client": asyncio.Event(), "raw": asyncio.Event()}
+    done = {"client": 0, "raw": 0}
+    tally = Tally()
+    pairs: list[tuple[float, float]] = []
+
+    async def through_client(client: AdminClient, ids: list[int], first: int) -> None:
+        for n in itertools.count(first, TASKS_PER_STORE):
+            await gates["client"].wait()
+            try:
+                await client.request("GET", f"subscriptions/{ids[n % len(ids)]}")
+            except AsyncSubsError as exc:
+                tally.error(type(exc).__name__)
+            done["client"] += 1
+
+    async def raw(session: aiohttp.ClientSession, first: int) -> None:
+        ids = subscription_ids(BASELINE_STORE, RECORDS)
+        headers, url = raw_headers(remote, BASELINE_STORE), f"{remote.api_url}subscriptions/"
+        for n in itertools.count(first, RAW_CONCURRENCY):
+            await gates["raw"].wait()
+            await _get_raw(session, url, headers, ids[n % len(ids)])
+            done["raw"] += 1
+
+    async def take_turns() -> None:
+        for k in range(windows):
+            per: dict[str, float] = {}
+            for side in ("client", "raw") if k % 2 == 0 else ("raw", "client"):
+                gates[side].set()
+                await asyncio.sleep(CPU_SETTLE)
+                cpu, count = time.process_time(), done[side]
+                await asyncio.sleep(CPU_WINDOW)
+                per[side] = (time.process_time() - cpu) / max(1, done[side] - count)
+                gates[side].clear()
+                await asyncio.sleep(CPU_SETTLE)
+            pairs.append((per["client"], per["raw"]))
+
+    limits = Limits(global_rate=RATE)
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+        aiohttp.ClientSession() as raw_session,
+    ):
+        clients = [
+            AdminClient(
+                token=remote.tokens[s],
+                base_url=remote.base_url,
+                store=s,
+                limits=limits,
+                session=session,
+            )
+            for s in stores
+        ]
+        await warm_up(remote, stores, session)
+        await warm_up(remote, [BASELINE_STORE], raw_session, settle=0.0)
+        coroutines = [
+            through_client(client, subscription_ids(store, RECORDS), k)
+            for client, store in zip(clients, stores, strict=True)
+            for k in range(TASKS_PER_STORE)
+        ]
+        coroutines += [raw(raw_session, k) for k in range(RAW_CONCURRENCY)]
+        tasks = [loop.create_task(c) for c in coroutines]
+        try:
+            await take_turns()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for client in clients:
+            await client.aclose()
+    if tally.failed:
+        raise RuntimeError(f"CPU windows: {tally.failed} client requests failed")
+    return pairs
+
+
 async def measure(
     remote: RemoteFakeServer,
     seconds: float,
@@ -277,15 +362,14 @@ def bench(report: Report) -> None:
     if not report.quick:
         rows_to_run += [(NAIVE_COUNT, NAIVE), (SLEPT_COUNT, SLEPT_RAW), (SLEPT_COUNT, SLEPT_CLIENT)]
     baseline_requests = 1000 if report.quick else 3000
-    pairs = QUICK_CPU_PAIRS if report.quick else CPU_PAIRS
+    windows = QUICK_CPU_WINDOWS if report.quick else CPU_WINDOWS
     credit = LATE_LIMIT
     configs = [FakeStoreConfig(BASELINE_STORE, rate_limits=ServerRateLimits.disabled())]
     for loop in loops():
         for count, variant in rows_to_run:
             configs += [FakeStoreConfig(n) for n in store_names(loop, count, variant)]
         for count in CPU_COUNTS:
-            for k in range(pairs):
-                configs += [FakeStoreConfig(n) for n in store_names(loop, count, pair=k)]
+            configs += [FakeStoreConfig(n) for n in store_names(loop, count, cpu=True)]
     with remote_server(
         stores=configs,
         records={"subscriptions": RECORDS, "customers": 0, "orders": 0},
@@ -389,17 +473,12 @@ def bench(report: Report) -> None:
                 else:
                     verdicts.append((label, ratios[0], rejected, saturated))
             after = baselines()
-            # (count, [client / raw CPU per request of each pair run back to back])
-            cpu_pairs: list[tuple[int, list[float]]] = []
+            # (count, [client / raw CPU per request of each two adjacent turns])
+            cpu_ratios: list[tuple[int, list[float]]] = []
             for count in CPU_COUNTS:
-                pair_ratios = []
-                for k in range(pairs):
-                    (raw,) = baselines(1)
-                    fresh = store_names(loop, count, pair=k)
-                    paired = run(lambda s=fresh: phase(remote, s, seconds), loop)  # type: ignore[misc]
-                    ok = sum(t.ok for t in paired["tallies"].values())
-                    pair_ratios.append((paired["meter"].cpu / ok) / (raw.cpu / baseline_requests))
-                cpu_pairs.append((count, pair_ratios))
+                fresh = store_names(loop, count, cpu=True)
+                turns = run(lambda s=fresh: cpu_ratio_phase(remote, s, windows), loop)  # type: ignore[misc]
+                cpu_ratios.append((count, [client / raw for client, raw in turns]))
             runs = bases + after
             base = sorted(runs, key=lambda b: b.cpu)[len(runs) // 2]
             base_cpu = base.cpu / baseline_requests * 1000
@@ -451,12 +530,13 @@ def bench(report: Report) -> None:
                     f"  info  {loop}, {label}: client CPU per request"
                     f" {cpu_per_k / base_cpu:.2f}x raw aiohttp flat out (not judged)"
                 )
-            for count, pair_ratios in cpu_pairs:
-                listed = ", ".join(f"{r:.2f}" for r in pair_ratios)
+            for count, ratios in cpu_ratios:
+                ordered = sorted(ratios)
+                quartiles = f"{ordered[len(ordered) // 4]:.2f}-{ordered[3 * len(ordered) // 4]:.2f}"
                 report.check(
                     f"{loop}, {count} stores: client CPU per request / raw aiohttp's, median of"
-                    f" {len(pair_ratios)} pairs run back to back ({listed})",
-                    median(pair_ratios),
+                    f" {len(ratios)} turns taken in one loop (quartiles {quartiles})",
+                    median(ratios),
                     "<=",
                     MAX_CPU_RATIO,
                     "{:.2f}",
