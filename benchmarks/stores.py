@@ -29,8 +29,9 @@ seconds to minutes (both processes' CPU per request rise together), so runs one 
 are not the measure (pairs of a raw run and a row run back to back read 1.01 to 1.50 for one
 count in one run): after the rows, the client at each judged count (fresh stores) and raw aiohttp
 flat out take turns in one loop, ``CPU_WINDOW`` s each (``CPU_WINDOWS`` turns a side, the first
-and last ``CPU_SETTLE`` s of a turn not counted), and the median of the adjacent turns' ratios is
-judged. The table's "x raw aiohttp" divides by the median of the baseline runs around the rows.
+and last ``CPU_SETTLE`` s of a turn not counted, after one turn a side that warms up: connections
+made, every client's first call), and the median of the adjacent turns' ratios is judged. The
+table's "x raw aiohttp" divides by the median of the baseline runs around the rows.
 
 The largest counts run a second time with the process's garbage collector tuned as README.md
 recommends for thousands of requests per second (``gc.freeze()`` after start-up and a gen-0
@@ -276,7 +277,7 @@ async def cpu_ratio_phase(
             done["raw"] += 1
 
     async def take_turns() -> None:
-        for k in range(windows):
+        for k in range(-1, windows):  # the first turns warm up, as raw_light_baseline does
             per: dict[str, float] = {}
             for side in ("client", "raw") if k % 2 == 0 else ("raw", "client"):
                 gates[side].set()
@@ -286,7 +287,8 @@ async def cpu_ratio_phase(
                 per[side] = (time.process_time() - cpu) / max(1, done[side] - count)
                 gates[side].clear()
                 await asyncio.sleep(CPU_SETTLE)
-            pairs.append((per["client"], per["raw"]))
+            if k >= 0:  # after connections are made and every client has sent
+                pairs.append((per["client"], per["raw"]))
 
     limits = Limits(global_rate=RATE)
     async with (
