@@ -135,22 +135,29 @@ def store_names(loop: str, count: int, variant: str = DEFAULT, cpu: bool = False
     return [f"g-{loop}-{count}{tag}-{i:03d}" for i in range(count)]
 
 
+def store_clients(
+    remote: RemoteFakeServer, stores: list[str], session: aiohttp.ClientSession
+) -> list[AdminClient]:
+    """One client a store at ``RATE``, all on ``session``."""
+    limits = Limits(global_rate=RATE)
+    return [
+        AdminClient(
+            token=remote.tokens[s],
+            base_url=remote.base_url,
+            store=s,
+            limits=limits,
+            session=session,
+        )
+        for s in stores
+    ]
+
+
 async def phase(
     remote: RemoteFakeServer, stores: list[str], seconds: float, tune_gc: bool = False
 ) -> dict[str, Any]:
-    limits = Limits(global_rate=RATE)
     tallies = {s: Tally() for s in stores}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        clients = [
-            AdminClient(
-                token=remote.tokens[s],
-                base_url=remote.base_url,
-                store=s,
-                limits=limits,
-                session=session,
-            )
-            for s in stores
-        ]
+        clients = store_clients(remote, stores, session)
         await warm_up(remote, stores, session)
         coroutines = []
         for client, store in zip(clients, stores, strict=True):
@@ -290,21 +297,11 @@ async def cpu_ratio_phase(
             if k >= 0:  # after connections are made and every client has sent
                 pairs.append((per["client"], per["raw"]))
 
-    limits = Limits(global_rate=RATE)
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
         aiohttp.ClientSession() as raw_session,
     ):
-        clients = [
-            AdminClient(
-                token=remote.tokens[s],
-                base_url=remote.base_url,
-                store=s,
-                limits=limits,
-                session=session,
-            )
-            for s in stores
-        ]
+        clients = store_clients(remote, stores, session)
         await warm_up(remote, stores, session)
         await warm_up(remote, [BASELINE_STORE], raw_session, settle=0.0)
         coroutines = [
