@@ -192,8 +192,9 @@ def telemetry_for(
 def _configured() -> bool:
     """Whether the application set a global tracer or meter provider; until then the API's
     stand-ins drop every span and measurement. The API's own globals are read: its getters read
-    the environment each time (2 us, half of what skipping saves), and a provider named there is
-    set by the first getter, as the client's ``get_tracer`` and ``get_meter`` are."""
+    the environment each time (2 us of the 12 that skipping saves), and a provider named by an
+    environment variable is set by the first getter call (the client's ``get_tracer`` and
+    ``get_meter`` make one)."""
     return (
         getattr(trace, "_TRACER_PROVIDER", True) is not None
         or getattr(metrics_globals, "_METER_PROVIDER", True) is not None

@@ -259,7 +259,8 @@ async def cpu_ratio_phase(
     """Client CPU per request at ``stores`` and raw aiohttp's flat out, measured in windows that
     take turns in one loop (``CPU_WINDOW`` s each, after ``CPU_SETTLE`` s of start-up and
     before as long for the requests under way): ``windows`` (client, raw) pairs, in seconds
-    per request. Each side waits at a gate while the other runs."""
+    per request, after one turn a side not counted. Each side waits at a gate while the other
+    runs."""
     loop = asyncio.get_running_loop()
     gates = {"client": asyncio.Event(), "raw": asyncio.Event()}
     done = {"client": 0, "raw": 0}
