@@ -272,12 +272,22 @@ class Tally:
         return sum(self.errors.values())
 
 
-async def hammer(client: Any, ids: Sequence[int], tally: Tally, first: int, step: int) -> None:
-    """Light requests (one subscription each) through ``client`` until cancelled."""
+async def hammer(
+    client: Any,
+    ids: Sequence[int],
+    tally: Tally,
+    first: int,
+    step: int,
+    gate: asyncio.Event | None = None,
+) -> None:
+    """Light requests (one subscription each) through ``client`` until cancelled; each waits
+    for ``gate``, when given, to be set."""
     from asyncsubs import AsyncSubsError
 
     n = first
     while True:
+        if gate is not None:
+            await gate.wait()
         try:
             await client.request("GET", f"subscriptions/{ids[n % len(ids)]}")
             tally.ok += 1

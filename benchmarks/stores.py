@@ -61,7 +61,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncsubs import AdminClient, AsyncSubsError, Limits, Rate
+from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.testing import FakeStoreConfig, RemoteFakeServer, ServerRateLimits
 
 from ._common import (
@@ -263,18 +263,11 @@ async def cpu_ratio_phase(
     runs."""
     loop = asyncio.get_running_loop()
     gates = {"client": asyncio.Event(), "raw": asyncio.Event()}
-    done = {"client": 0, "raw": 0}
-    tally = Tally()
+    tallies = {"client": Tally(), "raw": Tally()}
     pairs: list[tuple[float, float]] = []
 
-    async def through_client(client: AdminClient, ids: list[int], first: int) -> None:
-        for n in itertools.count(first, TASKS_PER_STORE):
-            await gates["client"].wait()
-            try:
-                await client.request("GET", f"subscriptions/{ids[n % len(ids)]}")
-            except AsyncSubsError as exc:
-                tally.error(type(exc).__name__)
-            done["client"] += 1
+    def done(side: str) -> int:
+        return tallies[side].ok + tallies[side].failed
 
     async def raw(session: aiohttp.ClientSession, first: int) -> None:
         ids = subscription_ids(BASELINE_STORE, RECORDS)
@@ -282,7 +275,7 @@ async def cpu_ratio_phase(
         for n in itertools.count(first, RAW_CONCURRENCY):
             await gates["raw"].wait()
             await _get_raw(session, url, headers, ids[n % len(ids)])
-            done["raw"] += 1
+            tallies["raw"].ok += 1
 
     async def take_turns() -> None:
         for k in range(-1, windows):  # the first turns warm up, as raw_light_baseline does
@@ -290,9 +283,9 @@ async def cpu_ratio_phase(
             for side in ("client", "raw") if k % 2 == 0 else ("raw", "client"):
                 gates[side].set()
                 await asyncio.sleep(CPU_SETTLE)
-                cpu, count = time.process_time(), done[side]
+                cpu, count = time.process_time(), done(side)
                 await asyncio.sleep(CPU_WINDOW)
-                per[side] = (time.process_time() - cpu) / max(1, done[side] - count)
+                per[side] = (time.process_time() - cpu) / max(1, done(side) - count)
                 gates[side].clear()
                 await asyncio.sleep(CPU_SETTLE)
             if k >= 0:  # after connections are made and every client has sent
@@ -306,7 +299,14 @@ async def cpu_ratio_phase(
         await warm_up(remote, stores, session)
         await warm_up(remote, [BASELINE_STORE], raw_session, settle=0.0)
         coroutines = [
-            through_client(client, subscription_ids(store, RECORDS), k)
+            hammer(
+                client,
+                subscription_ids(store, RECORDS),
+                tallies["client"],
+                k,
+                TASKS_PER_STORE,
+                gates["client"],
+            )
             for client, store in zip(clients, stores, strict=True)
             for k in range(TASKS_PER_STORE)
         ]
@@ -320,8 +320,8 @@ async def cpu_ratio_phase(
             await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients:
             await client.aclose()
-    if tally.failed:
-        raise RuntimeError(f"CPU windows: {tally.failed} client requests failed")
+    if failed := tallies["client"].failed:
+        raise RuntimeError(f"CPU windows: {failed} client requests failed")
     return pairs
 
 
@@ -532,7 +532,7 @@ def bench(report: Report) -> None:
                 )
             for count, ratios in cpu_ratios:
                 ordered = sorted(ratios)
-                quartiles = f"{ordered[len(ordered) // 4]:.2f}-{ordered[3 * len(ordered) // 4]:.2f}"
+                quartiles = f"{percentile(ordered, 0.25):.2f}-{percentile(ordered, 0.75):.2f}"
                 report.check(
                     f"{loop}, {count} stores: client CPU per request / raw aiohttp's, median of"
                     f" {len(ratios)} turns taken in one loop (quartiles {quartiles})",
