@@ -19,19 +19,19 @@ MAX_SLOWDOWN = 4.0
 #: Seconds for a slowdown's excess over 1 to halve without a 429: a limit lowered for a while
 #: is given back within minutes; one that stays low (40/s against 50) costs a 429 every ~30 s.
 SLOWDOWN_HALF_LIFE = 120.0
-#: Samples before a first spread and between recomputations (each a pass over n samples).
+#: Samples before a first spread and between recomputations (each a pass over 2 n samples).
 _RECOMPUTE_EVERY = 16
 
 
 class Jitter:
-    """The spread (largest less smallest, None before ``needed`` samples) of the last window's
+    """The spread (largest less smallest, None before ``needed`` samples) of the last two windows'
     ``answered - due`` of light requests, each stamped within that span. A new largest counts at
     once, no outlier: a stalled server stamps what it held at once, overflowing a window."""
 
     __slots__ = ("__weakref__", "_fresh", "_samples", "_top", "needed", "spread")
 
     def __init__(self, n: int) -> None:
-        self.needed, self._samples = min(n + 1, _RECOMPUTE_EVERY), deque[float](maxlen=n + 1)
+        self.needed, self._samples = min(n + 1, _RECOMPUTE_EVERY), deque[float](maxlen=2 * n + 2)
         self._fresh, self._top = _RECOMPUTE_EVERY, math.inf  # the first spread at ``needed``
         self.spread: float | None = None
 

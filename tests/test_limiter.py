@@ -637,20 +637,20 @@ async def test_cancel_after_being_granted_a_place_passes_it_on(clock: VirtualClo
 # The measured margin
 
 
-def test_jitter_spread_waits_for_16_samples_then_covers_every_sample_of_a_window() -> None:
+def test_jitter_spread_waits_for_16_samples_then_covers_every_sample_of_two_windows() -> None:
     jitter = Jitter(50)
     for i in range(15):
         jitter.add(0.010 + (i % 11) * 0.001)
         assert jitter.spread is None
     jitter.add(0.020)  # the 16th sample: a spread at last
     assert jitter.spread == pytest.approx(0.010)
-    # 51 samples kept (n + 1); one answer held by a stall counts while it is among them.
-    for _ in range(4 * 16):  # recomputed every 16 samples
+    # 102 samples kept (2 n + 2); one answer held by a stall counts while it is among them.
+    for _ in range(7 * 16):  # recomputed every 16 samples
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.0)
     jitter.add(0.500)  # a new largest sample counts at once, not at the next recomputation
     assert jitter.spread == pytest.approx(0.485)
-    for _ in range(3 * 16):  # 48 newer samples: the stalled one is still in the window
+    for _ in range(6 * 16):  # 96 newer samples: the stalled one is still in the window
         jitter.add(0.015)
     assert jitter.spread == pytest.approx(0.485)
     for _ in range(16):  # pushed out of the window: forgotten at the next recomputation
@@ -1013,7 +1013,7 @@ async def test_loops_share_a_stores_spread_under_the_same_limits_only(clock: Vir
     in_other_loop(clock, lambda: bind(limits(50)))  # a misconfiguration: sized for its own rate
     assert jitters[0] is here.jitter
     assert jitters[1] is not here.jitter
-    assert jitters[1]._samples.maxlen == 51  # a window of its own rate
+    assert jitters[1]._samples.maxlen == 102  # two windows of its own rate
 
 
 def test_a_finished_loop_is_not_kept_alive_by_the_limiter() -> None:
