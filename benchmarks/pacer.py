@@ -6,6 +6,8 @@ The server stamps each request only after its ``inbound_delay`` (an auth step or
 in front of its limiter), and answers after 10-30 ms of outbound latency. Achieved rates are
 the server's accepted starts over the row's length (``_common.achieved_rate``), as a ratio of
 what the server allows; 429s are counted by the client at the row's mark and at its end.
+Each row also prints its slack (``closest_to_a_window``): how close the pacing came to a
+sliding log's refusal after the mark, which a count of 429s shows only once it is crossed.
 
 1. Jitter: inbound delay 0, 10-30 ms, 20-60 ms x sliding, fixed and leaky-bucket windows x 1
    store (200 tasks) and 20 stores (50 tasks each, one shared session), 50/s enforced and
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -138,6 +141,13 @@ async def pull(client: AdminClient) -> None:
                 pass
 
 
+def closest_to_a_window(starts: Sequence[float], n: int, after: float) -> float:
+    """How much more than a second the closest ``n + 1`` accepted starts after ``after`` spanned:
+    a sliding log refuses below 0, so this is the room a row kept on the server's side."""
+    kept = sorted(t for t in starts if t >= after)
+    return min((b - a for a, b in zip(kept, kept[n:], strict=False)), default=math.inf) - 1.0
+
+
 def row(
     report: Report,
     label: str,
@@ -164,6 +174,8 @@ def row(
     for s in names:
         _, achieved = achieved_rate(stats[s].pool(pool).starts, result["t0"], seconds)
         rates.append(achieved / allowed)
+    after = result["t0"] + mark
+    slack = min(closest_to_a_window(stats[s].pool(pool).starts, int(allowed), after) for s in names)
     early = max(result["marked"].get(s, 0) for s in names)
     late = max(result["final"][s].rate_limited - result["marked"].get(s, 0) for s in names)
     p = result["final"][names[0]].pools[pool]
@@ -173,10 +185,9 @@ def row(
         "early": float(early),
         "late": float(late),
     }
-    report.table(
-        ["row", "min rate", "mean rate", f"429/store <{mark:g}s", "after", "interval", "by"],
-        [[label, figures["min"], figures["mean"], early, late, p.interval * 1e3, p.paced_by]],
-    )
+    headers = ["row", "min rate", "mean rate", f"429/store <{mark:g}s", "after", "slack ms"]
+    values = [label, figures["min"], figures["mean"], early, late, slack * 1e3]
+    report.table([*headers, "interval", "by"], [[*values, p.interval * 1e3, p.paced_by]])
     return figures
 
 
