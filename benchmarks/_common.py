@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import os
 import statistics
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
@@ -74,6 +76,20 @@ def remote_server(**server_kwargs: Any) -> Iterator[RemoteFakeServer]:
         yield remote
     finally:
         remote.stop()
+
+
+@contextlib.contextmanager
+def busy_cores() -> Iterator[None]:
+    """A process spinning on every core for the block: a machine whose cores are shared with
+    other work (another tenant's job, a host taking the VM's CPUs), as in its slow hours."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinners = [subprocess.Popen(spin) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def all_stats(remote: RemoteFakeServer) -> dict[str, StoreStats]:
