@@ -2,12 +2,12 @@
 
 A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (a
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
-``slot = max(now, tat, pause_end)``, ``tat = slot + interval``, ``interval = per / n * (1 +
-margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower as announced
-(:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came meanwhile),
-hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled waiter leaves
-the queue, losing a claimed slot (the safe side). Backends hold what processes share (each pool's
-next slot, pause and slowdown): :class:`MemoryPacing` in process, ``RedisLimiter`` in Lua.
+``slot = max(now, tat)``, ``tat = slot + interval`` (a pause moves ``tat`` on), ``interval =
+per / n * (1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower
+as announced (:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came
+meanwhile), hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled
+waiter leaves the queue, losing a claimed slot (the safe side). Backends hold what processes
+share (each pool's ``tat`` and slowdown): :class:`MemoryPacing` in process, Redis in Lua.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ class PacingBackend(Protocol):
 
 @attrs.define
 class _Shared:
-    tat: float = -math.inf
-    pause_end: float = -math.inf
+    tat: float = -math.inf  # no start before it; a pause moves it too
     slowdown: Slowdown = attrs.Factory(Slowdown)
 
 
@@ -57,18 +56,22 @@ class MemoryPacing:
     def __init__(self) -> None:
         self._pools = defaultdict[tuple[str, str], _Shared](_Shared)
         self._lock = threading.Lock()  # a claim reads and moves the state; other threads claim too
+        self._sweep_at = 1024  # pools held before idle ones go, as Redis expires its keys
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
         with self._lock:
             now, shared = asyncio.get_running_loop().time(), self._pools[store, pool]
-            slot = max(now, shared.tat, shared.pause_end)
+            slot = max(now, shared.tat)
             shared.tat = slot + interval
+            if len(self._pools) >= self._sweep_at:  # idle an hour: as new (its slowdown too)
+                kept = {k: s for k, s in self._pools.items() if s.tat > now - 3600.0}
+                self._pools, self._sweep_at = defaultdict(_Shared, kept), 2 * len(kept) + 1024
             return slot - now, shared.slowdown.value(now)
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         with self._lock:
             now, shared = asyncio.get_running_loop().time(), self._pools[store, pool]
-            shared.pause_end = max(shared.pause_end, now + seconds)
+            shared.tat = max(shared.tat, now + seconds)  # now at least: not idle since
             shared.slowdown.set(now, slowdown)
 
 
@@ -154,8 +157,7 @@ class StoreLimiter:
         p.rate_limited += 1
         if slot.due > p.slowdown.widened_at:  # else sent before the last widening
             since = max(p.run_start, slot.due - p.rate.per)
-            # The store's starts in the window before, by the interval (all processes sharing the
-            # backend start one per interval), unless a pause lies within.
+            # The starts in the window before: one per interval in all processes; none if paused.
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, p.rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
@@ -239,8 +241,7 @@ class StoreLimiter:
                     raise
         finally:
             p.waiting -= 1
-        # Back from idle (not from a pause), the server's window holds nothing of this pool:
-        # a 429 then tells its quota by the starts since (see rate_limited).
+        # Back from idle (not from a pause), the server's window is empty (see rate_limited).
         if due - p.last_start >= p.rate.per and p.pause_until <= p.last_start:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
@@ -265,8 +266,7 @@ class StoreLimiter:
 
 class Limiter:
     """Per-store limiter state, one per store and loop, pacing through ``backend`` (by default a
-    :class:`MemoryPacing` of its own, shared by every loop of the process). A store has one
-    budget: binding it in a loop where it is in use with other :class:`Limits` is a ConfigError."""
+    :class:`MemoryPacing` of its own, shared by every loop of the process)."""
 
     def __init__(self, backend: PacingBackend | None = None) -> None:
         self._backend = MemoryPacing() if backend is None else backend

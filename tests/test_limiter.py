@@ -550,6 +550,28 @@ async def test_requests_that_fail_fast_claim_one_slot_between_them(clock: Virtua
     assert starts == [pytest.approx(t0 + 130.0 + 0.1)]
 
 
+async def test_memory_pacing_forgets_pools_idle_for_an_hour(clock: VirtualClock) -> None:
+    """A process that paces ever more stores (a service for thousands of them) holds the state
+    of the pools used within the hour, as Redis lets its keys expire: one idle that long has no
+    start or pause ahead, and its slowdown (30 half-lives on) is gone."""
+    backend = MemoryPacing()
+    for i in range(1000):
+        await backend.reserve(f"store-{i}", "global", 0.02)
+    clock.now += 3000.0
+    await backend.pause("slowed", "global", 0.0, 2.0)  # a 429's slowdown, shared
+    clock.now += 601.0
+    await backend.pause("paused", "global", 30.0, 1.0)
+    assert await backend.reserve("busy", "global", 0.02) == (0.0, 1.0)
+    for i in range(1000, 1100):
+        await backend.reserve(f"store-{i}", "global", 0.02)
+    assert len(backend._pools) == 3 + 100  # swept past 1,024 pools: the first 1,000 went
+    assert await backend.reserve("busy", "global", 0.02) == (pytest.approx(0.02), 1.0)
+    assert (await backend.reserve("paused", "global", 0.02))[0] == pytest.approx(30.0)
+    slowdown = 1.0 + 0.5 ** (601.0 / SLOWDOWN_HALF_LIFE)
+    assert (await backend.reserve("slowed", "global", 0.02))[1] == pytest.approx(slowdown)
+    assert await backend.reserve("store-0", "global", 0.02) == (0.0, 1.0)  # as new: no wait
+
+
 # ---------------------------------------------------------------------------------------------
 # Cancellation
 
