@@ -197,6 +197,14 @@ def row(
     return figures
 
 
+def printed(report: Report, label: str, f: dict[str, float]) -> None:
+    """The figures of a row that is printed, not judged."""
+    report.say(
+        f"  info  {label}: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most 429s a"
+        f" store drew: {f['early']:.0f} in the first 10 s, {f['late']:.0f} after (not judged)"
+    )
+
+
 def bench(report: Report) -> None:
     quick = report.quick
     seconds = 8.0 if quick else 30.0
@@ -285,10 +293,7 @@ def bench(report: Report) -> None:
         mark=min(10.0, seconds / 2),
         allowed=RATE.per_second,
     )
-    report.say(
-        f"  info  H.5 stalls: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most 429s a"
-        f" store drew: {f['early']:.0f} in the first 10 s, {f['late']:.0f} after (not judged)"
-    )
+    printed(report, "H.5 stalls", f)
     with busy_cores():
         f = row(
             report,
@@ -304,8 +309,4 @@ def bench(report: Report) -> None:
             mark=min(10.0, seconds / 2),
             allowed=RATE.per_second,
         )
-    report.say(
-        f"  info  H.6 loaded machine: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most"
-        f" 429s a store drew: {f['early']:.0f} in the first 10 s, {f['late']:.0f} after (not"
-        " judged)"
-    )
+    printed(report, "H.6 loaded machine", f)
