@@ -197,6 +197,27 @@ def row(
     return figures
 
 
+def jitter_row(
+    report: Report, label: str, delay: Any, window: Window, stores: int, seconds: float
+) -> dict[str, float]:
+    """An H.1 row: the server stamps after ``delay`` (None: at once) in ``window``s of 50/s."""
+    return row(
+        report,
+        label,
+        server={
+            "inbound_delay": delay,
+            "latency": LATENCY,
+            "rate_limits": ServerRateLimits(
+                global_rate=RATE, heavy=heavy_map(HEAVY), window=window
+            ),
+        },
+        stores=stores,
+        seconds=seconds,
+        mark=min(10.0, seconds / 2),
+        allowed=RATE.per_second,
+    )
+
+
 def printed(report: Report, label: str, f: dict[str, float]) -> None:
     """The figures of a row that is printed, not judged."""
     report.say(
@@ -212,21 +233,7 @@ def bench(report: Report) -> None:
         for window in WINDOWS:
             for stores in (1, 20):
                 label = f"{delay_label} {window} x{stores}"
-                f = row(
-                    report,
-                    label,
-                    server={
-                        "inbound_delay": delay,
-                        "latency": LATENCY,
-                        "rate_limits": ServerRateLimits(
-                            global_rate=RATE, heavy=heavy_map(HEAVY), window=window
-                        ),
-                    },
-                    stores=stores,
-                    seconds=seconds,
-                    mark=min(10.0, seconds / 2),
-                    allowed=RATE.per_second,
-                )
+                f = jitter_row(report, label, delay, window, stores, seconds)
                 report.check(f"H.1 {label}: min rate", f["min"], ">=", target)
                 report.check(f"H.1 {label}: 429/store early", f["early"], "<=", 1, "{:.0f}")
                 report.check(f"H.1 {label}: 429/store after", f["late"], "<=", 0, "{:.0f}")
@@ -295,18 +302,5 @@ def bench(report: Report) -> None:
     )
     printed(report, "H.5 stalls", f)
     with busy_cores():
-        f = row(
-            report,
-            "0 fixed x20, every core busy",
-            server={
-                "latency": LATENCY,
-                "rate_limits": ServerRateLimits(
-                    global_rate=RATE, heavy=heavy_map(HEAVY), window="fixed"
-                ),
-            },
-            stores=20,
-            seconds=seconds,
-            mark=min(10.0, seconds / 2),
-            allowed=RATE.per_second,
-        )
+        f = jitter_row(report, "0 fixed x20, every core busy", None, "fixed", 20, seconds)
     printed(report, "H.6 loaded machine", f)
