@@ -190,6 +190,7 @@ def row(
         "mean": sum(rates) / len(rates),
         "early": float(early),
         "late": float(late),
+        "mark": mark,
     }
     headers = ["row", "min rate", "mean rate", f"429/store <{mark:g}s", "after", "slack ms"]
     values = [label, figures["min"], figures["mean"], early, late, min(slacks) * 1e3]
@@ -221,8 +222,8 @@ def jitter_row(
 def printed(report: Report, label: str, f: dict[str, float]) -> None:
     """The figures of a row that is printed, not judged."""
     report.say(
-        f"  info  {label}: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most 429s a"
-        f" store drew: {f['early']:.0f} in the first 10 s, {f['late']:.0f} after (not judged)"
+        f"  info  {label}: slowest store {f['min']:.3f}, mean {f['mean']:.3f}; most 429s a store"
+        f" drew: {f['early']:.0f} in the first {f['mark']:g} s, {f['late']:.0f} after (not judged)"
     )
 
 
