@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import logging
 import multiprocessing
 import shutil
 import socket
@@ -253,6 +254,8 @@ async def _pull(cfg: dict[str, Any], barrier: Barrier) -> dict[str, int]:
 def _worker(cfg: dict[str, Any], barrier: Barrier, results: Any) -> None:
     # A worker still running well after its run prints where it hangs, and exits.
     faulthandler.dump_traceback_later(cfg["seconds"] + 30, exit=True)
+    # Its log lines name their phase: the partitioned worker's fallback is expected.
+    logging.basicConfig(format=f"  [{cfg['phase']}] %(levelname)s %(name)s: %(message)s")
     results.put(asyncio.run(_pull(cfg, barrier)))
 
 
@@ -276,6 +279,7 @@ def run_phase(
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     cfgs = [
         {
+            "phase": name,
             "redis_url": url,
             "prefix": prefix,
             "fallback_fraction": fallback_fraction,
