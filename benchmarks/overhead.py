@@ -157,14 +157,11 @@ async def take_turns(
     names = list(sources)
     spent = {name: [0.0, 0.0] for name in names}
     async with contextlib.AsyncExitStack() as stack:
-        kept = (
-            {}
-            if fresh
-            else {
-                name: await stack.enter_async_context(contextlib.aclosing(sources[name](base_url)))
-                for name in names
-            }
-        )
+        kept = {}
+        if not fresh:
+            for name in names:
+                source = sources[name](base_url)
+                kept[name] = await stack.enter_async_context(contextlib.aclosing(source))
 
         def opened(name: str) -> contextlib.AbstractAsyncContextManager[AsyncGenerator[int, None]]:
             if fresh:
