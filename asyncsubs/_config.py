@@ -1,4 +1,4 @@
-"""Small frozen configuration objects: Rate, Limits, RetryPolicy.
+"""Small frozen configuration objects: Rate, Discovery, Limits, RetryPolicy.
 
 Validation raises ConfigError (a ValueError) at construction, so bad configuration never reaches
 the network.
@@ -17,6 +17,7 @@ from .errors import ConfigError
 
 __all__ = [
     "DEFAULT_HEAVY",
+    "Discovery",
     "Limits",
     "PoolSplit",
     "Rate",
@@ -71,6 +72,37 @@ class Rate:
     def __str__(self) -> str:
         return f"{self.n}/{self.per:g}s"
 
+    @staticmethod
+    def discover(*, start: Rate | int = 1, ceiling: Rate | int = 50) -> Discovery:
+        """A heavy pool's rate found at run time, from ``start`` up to at most ``ceiling``
+        (ints are requests per second): ``Limits(heavy={"orders": Rate.discover()})``."""
+        return Discovery(start=start, ceiling=ceiling)
+
+
+def _per_second(value: Rate | int) -> Rate:
+    """A Rate, or an int taken as that many requests per second."""
+    if isinstance(value, Rate):
+        return value
+    return Rate(positive_int("Discovery rate (requests per second)", value), per=1.0)
+
+
+@attrs.frozen
+class Discovery:
+    """A heavy pool whose rate the server does not tell: paced from ``start``, raised after
+    clean time up to at most ``ceiling``, and brought back under what the server evidently
+    allowed by a 429 (see README, "Discovery"). ``ceiling.per`` is the window the search
+    counts in. The global pool's 50/s is documented by the interface and never discovered."""
+
+    start: Rate = attrs.field(default=Rate(1, per=1.0), converter=_per_second)
+    ceiling: Rate = attrs.field(default=Rate(50, per=1.0), converter=_per_second)
+
+    def __attrs_post_init__(self) -> None:
+        if self.start.per_second > self.ceiling.per_second:
+            raise ConfigError(f"Discovery start {self.start} is above its ceiling {self.ceiling}")
+
+    def __str__(self) -> str:
+        return f"discover {self.start}..{self.ceiling}"
+
 
 #: Heavy list endpoints and their isolated pools. The interface says only that these pools are
 #: "small"; one request per second each is a conservative guess that real stores tolerate.
@@ -83,22 +115,31 @@ DEFAULT_HEAVY: Mapping[str, Rate] = FrozenMap(
 )
 
 
-def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
-    """Validate a path -> Rate mapping of heavy pools (paths stripped of slashes), frozen."""
+def _heavy(value: Mapping[str, Any] | None, kinds: tuple[type, ...]) -> Mapping[str, Any]:
     if value is None:
         return DEFAULT_HEAVY
     if not isinstance(value, Mapping):
         raise ConfigError("Limits.heavy must be a mapping of path -> Rate")
-    frozen: dict[str, Rate] = {}
+    frozen: dict[str, Any] = {}
     for path, rate in value.items():
         if not isinstance(path, str) or not path.strip("/"):
             raise ConfigError(f"Limits.heavy keys must be non-empty paths, got {path!r}")
         if path.strip("/") == "global":  # the shared pool's name: a heavy pool would merge into it
             raise ConfigError("Limits.heavy cannot name a path 'global' (the shared pool's name)")
-        if not isinstance(rate, Rate):
-            raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate, got {rate!r}")
+        if not isinstance(rate, kinds):
+            what = " or Rate.discover()" if Discovery in kinds else ""
+            raise ConfigError(f"Limits.heavy[{path!r}] must be a Rate{what}, got {rate!r}")
         frozen[path.strip("/")] = rate
     return FrozenMap(frozen)
+
+
+def freeze_heavy(value: Mapping[str, Rate] | None) -> Mapping[str, Rate]:
+    """Validate a path -> Rate mapping of heavy pools (paths stripped of slashes), frozen."""
+    return _heavy(value, (Rate,))
+
+
+def _freeze_limits_heavy(value: Mapping[str, Rate | Discovery] | None) -> Mapping[str, Any] | None:
+    return None if value is None else _heavy(value, (Rate, Discovery))  # None: see Limits
 
 
 class PoolSplit:
@@ -108,7 +149,7 @@ class PoolSplit:
 
     __slots__ = ()
     global_rate: Rate
-    heavy: Mapping[str, Rate]
+    heavy: Mapping[str, Any]
 
     def pool_for(self, method: str, path: str) -> str:
         """The pool a request draws on: a heavy path for GETs of a heavy list, else "global"."""
@@ -119,7 +160,14 @@ class PoolSplit:
         return "global"
 
     def rate_for(self, pool: str) -> Rate:
-        return self.global_rate if pool == "global" else self.heavy[pool]
+        """The rate ``pool`` paces at before it learns anything (a discovering pool's start)."""
+        rate = self.global_rate if pool == "global" else self.heavy[pool]
+        return rate.start if isinstance(rate, Discovery) else rate
+
+    def discovery_for(self, pool: str) -> Discovery | None:
+        """How ``pool`` finds its rate, or None for a fixed rate."""
+        rate = self.heavy.get(pool)
+        return rate if isinstance(rate, Discovery) else None
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -135,7 +183,10 @@ class Limits(PoolSplit):
 
     - ``global_rate``: the shared pool for every request that is not a heavy list request.
     - ``heavy``: path -> Rate; a GET of exactly that path (a list endpoint) draws only on its own
-      isolated pool, never on the global one. Defaults to ``DEFAULT_HEAVY``.
+      isolated pool, never on the global one. Defaults to ``DEFAULT_HEAVY``. A value may be
+      ``Rate.discover()`` (a :class:`Discovery`): the pool finds its rate at run time.
+    - ``discover``: True adds the default heavy paths that ``heavy`` does not name as
+      discovering pools (``Limits(discover=True)``: all three discover).
     - ``max_in_flight``: concurrent requests per store, across all pools.
     - ``safety_margin``: the least fraction by which pacing stays below each rate (0.02: starts
       at least ``1.02 * per / n`` apart).
@@ -149,13 +200,26 @@ class Limits(PoolSplit):
     """
 
     global_rate: Rate = Rate(50, per=1.0)
-    heavy: Mapping[str, Rate] = attrs.field(default=None, converter=freeze_heavy)
+    heavy: Mapping[str, Rate | Discovery] = attrs.field(
+        default=None, converter=_freeze_limits_heavy
+    )
     max_in_flight: int = 64
     safety_margin: float = 0.02
     max_margin: float = 0.10
     server_limits: str = "lower"
+    discover: bool = attrs.field(default=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.discover, bool):
+            raise ConfigError(f"Limits.discover must be a bool, got {self.discover!r}")
+        heavy: Mapping[str, Any] | None = self.heavy
+        if self.discover:  # the default paths not named discover; named ones keep their value
+            named = heavy or {}
+            added = {path: Discovery() for path in DEFAULT_HEAVY if path not in named}
+            object.__setattr__(self, "heavy", FrozenMap({**named, **added}))
+            object.__setattr__(self, "discover", False)  # said once: equal to the same heavy
+        elif heavy is None:
+            object.__setattr__(self, "heavy", DEFAULT_HEAVY)
         if not isinstance(self.global_rate, Rate):
             raise ConfigError(f"Limits.global_rate must be a Rate, got {self.global_rate!r}")
         positive_int("Limits.max_in_flight", self.max_in_flight)
