@@ -51,6 +51,7 @@ from ._store import (
     ChangedSince,
     FakeStore,
     FakeStoreConfig,
+    OverMax,
     SubscriptionAction,
     TransitionError,
     parse_timestamp,
@@ -185,7 +186,10 @@ class FakeAdminServer:
       pause, or a process descheduled on a busy host); None for none.
     - ``rate_limits``: default per-store limits; None disables limiting.
     - ``faults``: injected faults (``Faults``); None for none.
-    - ``default_page_size``/``max_page_size``: pageSize when absent / clamp above.
+    - ``default_page_size``/``max_page_size``: pageSize when absent / the largest page served;
+      ``over_max`` says what a larger pageSize gets: ``"clamp"`` (a page of ``max_page_size``
+      records) or ``"reject"`` (a 400 whose message does not name the maximum, as a server
+      need not). A store's ``FakeStoreConfig`` may set its own maximum and rule.
     - ``request_log_size``/``keep_starts``: bounds of the request log and per-pool start log.
     - ``cursor_secret``: HMAC key for cursors (derived from ``seed`` by default, so a restarted
       server accepts old cursors).
@@ -215,6 +219,7 @@ class FakeAdminServer:
         faults: Faults | None = None,
         default_page_size: int = 50,
         max_page_size: int = 250,
+        over_max: OverMax = "clamp",
         request_log_size: int = 10_000,
         keep_starts: int = 10_000,
         cursor_secret: bytes | None = None,
@@ -226,6 +231,9 @@ class FakeAdminServer:
     ) -> None:
         if not 1 <= default_page_size <= max_page_size:
             raise ValueError("need 1 <= default_page_size <= max_page_size")
+        if over_max not in ("clamp", "reject"):
+            raise ValueError(f"over_max must be 'clamp' or 'reject', got {over_max!r}")
+        self.over_max: OverMax = over_max
         self.seed = seed
         self.version = version.strip("/")
         self.default_page_size = default_page_size
@@ -735,14 +743,16 @@ class FakeAdminServer:
     ) -> web.Response:
         query = request.query
         raw_size = query.get("pageSize")
+        largest = store.config.max_page_size or self.max_page_size
         if raw_size is None:
-            size = self.default_page_size
+            size = min(self.default_page_size, largest)
         elif raw_size.isascii() and raw_size.isdigit() and int(raw_size) >= 1:
-            size = min(int(raw_size[:12]), self.max_page_size)
+            size = int(raw_size[:12])
+            if size > largest and (store.config.over_max or self.over_max) == "reject":
+                return self._error(ctx, 400, "BAD_REQUEST", "pageSize is too large")
+            size = min(size, largest)
         else:
-            message = (
-                f"pageSize must be an integer >= 1 (max {self.max_page_size}), got {raw_size!r}"
-            )
+            message = f"pageSize must be an integer >= 1 (max {largest}), got {raw_size!r}"
             return self._error(ctx, 400, "BAD_REQUEST", message)
 
         after_id = None

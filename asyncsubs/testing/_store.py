@@ -25,6 +25,7 @@ from ._limits import ServerRateLimits, StoreCounters, StoreStats, StoreWindows
 __all__ = [
     "DEFAULT_RECORDS",
     "ChangeEvent",
+    "OverMax",
     "ChangeKind",
     "ChangedSince",
     "FakeStore",
@@ -39,6 +40,8 @@ __all__ = [
 DEFAULT_RECORDS: Final = 120
 
 SubscriptionAction = Literal["pause", "resume", "cancel"]
+#: What a pageSize above a store's largest page gets: a page of the largest, or a 400.
+OverMax = Literal["clamp", "reject"]
 _TARGET: Final[Mapping[str, str]] = {"pause": "PAUSED", "resume": "ACTIVE", "cancel": "CANCELLED"}
 
 
@@ -73,6 +76,8 @@ class FakeStoreConfig:
       not named (or None) get the server's ``records`` default.
     - ``forbidden_paths``: path prefixes (relative to ``/admin/{version}/``) answered with 403.
     - ``rate_limits``: this store's limits; None means the server's ``rate_limits``.
+    - ``max_page_size``/``over_max``: this store's largest page and what a larger pageSize
+      gets (``"clamp"`` or ``"reject"``); None means the server's.
     """
 
     name: str
@@ -80,10 +85,17 @@ class FakeStoreConfig:
     records: Mapping[str, int] | None = attrs.field(default=None, converter=_counts, kw_only=True)
     forbidden_paths: tuple[str, ...] = attrs.field(default=(), converter=_prefixes, kw_only=True)
     rate_limits: ServerRateLimits | None = attrs.field(default=None, kw_only=True)
+    max_page_size: int | None = attrs.field(default=None, kw_only=True)
+    over_max: OverMax | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("store name must be a non-empty string")
+        size = self.max_page_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"max_page_size must be an int >= 1 or None, got {size!r}")
+        if self.over_max not in (None, "clamp", "reject"):
+            raise ValueError(f"over_max must be 'clamp', 'reject' or None, got {self.over_max!r}")
 
 
 def derive_token(seed: int, name: str) -> str:
