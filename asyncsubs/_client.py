@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ._config import Limits, RetryPolicy, check_binding, positive_int, positive_number
+from ._discovery import PageSizeSearch, export_learned, import_learned
 from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
@@ -94,6 +95,7 @@ class AdminClient:
         telemetry: bool = True,
         meter_provider: MeterProvider | None = None,
         tracer_provider: TracerProvider | None = None,
+        learned: Mapping[str, Any] | None = None,
     ) -> None:
         token = os.environ.get(TOKEN_ENV) if token is None else token
         base_url = os.environ.get(BASE_URL_ENV) if base_url is None else base_url
@@ -130,6 +132,10 @@ class AdminClient:
         self._transport = transport
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
+        # What an earlier client learned (export_learned()), given to the limiter on first use.
+        self._learned = (
+            None if learned is None else import_learned(learned, self._base, store, time.time())
+        )
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
         self._headers = request_headers(self._token, self._user_agent)
         self._telemetry = telemetry_for(
@@ -144,12 +150,14 @@ class AdminClient:
         # belong to it, and another loop would meet them with RuntimeErrors.
         self._loop: asyncio.AbstractEventLoop | None = None
         self.subscriptions: Final[ListEndpoint[Subscription]] = ListEndpoint(
-            self._get_page, "subscriptions", Subscription
+            self._get_page, "subscriptions", Subscription, self._page_sizes
         )
         self.customers: Final[ListEndpoint[Customer]] = ListEndpoint(
-            self._get_page, "customers", Customer
+            self._get_page, "customers", Customer, self._page_sizes
         )
-        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(self._get_page, "orders", Order)
+        self.orders: Final[ListEndpoint[Order]] = ListEndpoint(
+            self._get_page, "orders", Order, self._page_sizes
+        )
 
     def __repr__(self) -> str:
         return f"<AdminClient store={self.store!r} base={self._base!r}>"
@@ -162,7 +170,7 @@ class AdminClient:
     def list_endpoint(self, path: str, *, model: type[Any] = dict) -> ListEndpoint[Any]:
         """Another list endpoint with the same pagination contract; records are dicts unless
         ``model`` says otherwise."""
-        return ListEndpoint(self._get_page, clean_path(path), model)
+        return ListEndpoint(self._get_page, clean_path(path), model, self._page_sizes)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -206,7 +214,20 @@ class AdminClient:
             limiter = DEFAULT_LIMITER if self._limiter is None else self._limiter
             self._store_limiter = limiter.bind(self.store, self.limits)
             self._telemetry.observe(self._store_limiter)
+            if self._learned is not None:
+                self._store_limiter.restore(self._learned)
         return self._store_limiter
+
+    def export_learned(self) -> dict[str, Any]:
+        """What this client's store learned of the server (discovered rates, page sizes), as
+        JSON-ready data: pass it as ``AdminClient(learned=...)`` to a later client of the same
+        store and base URL, which then starts from it (README, "Discovery")."""
+        bound = self._store_limiter
+        records = (self._learned or {}) if bound is None else bound.learned()
+        return export_learned(self._base, self.store, records, time.time())
+
+    async def _page_sizes(self, path: str) -> PageSizeSearch:
+        return await self._bound_limiter().page_sizes(path)
 
     async def request(
         self,

@@ -4,20 +4,24 @@ A request waits for its pool's turn (FIFO), then for a place in the store's in-f
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
 ``slot = max(now, tat)``, ``tat = slot + interval`` (a pause moves ``tat`` on), ``interval =
 per / n * (1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower
-as announced (:mod:`._server_limits`). It sleeps until the slot (claiming again if a pause came
-meanwhile), hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled
-waiter leaves the queue, losing a claimed slot (the safe side). Backends hold what processes
-share (each pool's ``tat`` and slowdown): :class:`MemoryPacing` in process, Redis in Lua.
+as announced (:mod:`._server_limits`), or as a discovering pool found it (:mod:`._discovery`).
+It sleeps until the slot (claiming again if a pause came meanwhile), hands the turn on; a late
+start pauses the pool (:meth:`Slot.sending`). A cancelled waiter leaves the queue, losing a
+claimed slot (the safe side). Backends hold what processes share (each pool's ``tat`` and
+slowdown, and what pools learned): :class:`MemoryPacing` in process, Redis in Lua.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
+import time
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -25,22 +29,48 @@ import attrs
 
 from ._calibration import Jitter, Slowdown
 from ._config import Limits, Rate, check_binding
+from ._discovery import LEARNED_MAX_AGE, Learned, PageSizeSearch, RateSearch, merged
 from ._server_limits import ServerLimit
 from ._stats import LimiterStats, PoolStats
 from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLimitError
 
-__all__ = ["DEFAULT_LIMITER", "Limiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
+__all__ = [
+    "DEFAULT_LIMITER",
+    "LearningBackend",
+    "Limiter",
+    "MemoryPacing",
+    "PacingBackend",
+    "Slot",
+    "StoreLimiter",
+]
 
 logger = logging.getLogger("asyncsubs.limiter")
+
+#: Seconds between two exchanges of what pools learned with a shared backend, while in use.
+SYNC_EVERY = 1.0
 
 
 class PacingBackend(Protocol):
     """Shared pacing on the backend's clock. ``reserve`` claims the next start: ``(slot - now,
     slowdown)``, the pool's shared 429 slowdown (1.0: none). ``pause``: no slot before ``now +
-    seconds``, the slowdown raised to ``slowdown``. Raises LimiterUnavailableError."""
+    seconds``, the slowdown raised to ``slowdown``. Raises LimiterUnavailableError.
+
+    A backend may also share what pools learn (discovered rates, page sizes) with an
+    ``exchange`` method (see :class:`LearningBackend`); without one each process learns alone."""
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]: ...
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None: ...
+
+
+class LearningBackend(Protocol):
+    """``exchange``: the shared record of what ``key`` (a pool, or a list path) of ``store``
+    learned, with a version. Given ``learned``, it is written if ``version`` is the shared one's
+    (0: none yet), compare-and-set; returns the shared ``(version, record or None, written)``,
+    the record's ``hold`` and ``age`` counted to now on the backend's clock."""
+
+    async def exchange(
+        self, store: str, key: str, version: int, learned: Learned | None
+    ) -> tuple[int, Learned | None, bool]: ...
 
 
 @attrs.define
@@ -57,6 +87,8 @@ class MemoryPacing:
         self._pools = defaultdict[tuple[str, str], _Shared](_Shared)
         self._lock = threading.Lock()  # a claim reads and moves the state; other threads claim too
         self._sweep_at = 1024  # pools held before idle ones go, as Redis expires its keys
+        # What pools learned: (store, key) -> (version, record, loop time written).
+        self._learned: dict[tuple[str, str], tuple[int, Learned, float]] = {}
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
         with self._lock:
@@ -66,7 +98,25 @@ class MemoryPacing:
             if len(self._pools) >= self._sweep_at:  # idle an hour: as new (its slowdown too)
                 kept = {k: s for k, s in self._pools.items() if s.tat > now - 3600.0}
                 self._pools, self._sweep_at = defaultdict(_Shared, kept), 2 * len(kept) + 1024
+                old = now - 2 * LEARNED_MAX_AGE  # what was learned outlives idle pools a while
+                self._learned = {k: v for k, v in self._learned.items() if v[2] > old}
             return slot - now, shared.slowdown.value(now)
+
+    async def exchange(
+        self, store: str, key: str, version: int, learned: Learned | None
+    ) -> tuple[int, Learned | None, bool]:
+        with self._lock:
+            now, current = asyncio.get_running_loop().time(), self._learned.get((store, key))
+            written = learned is not None and version == (0 if current is None else current[0])
+            if written:
+                assert learned is not None
+                current = self._learned[store, key] = (version + 1, learned, now)
+        if current is None:
+            return 0, None, False
+        shared_version, record, at = current
+        elapsed = now - at
+        hold, age = max(0.0, record.hold - elapsed), record.age + elapsed
+        return shared_version, attrs.evolve(record, hold=hold, age=age), written
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         with self._lock:
@@ -78,14 +128,51 @@ class MemoryPacing:
 class _Pool:
     """One (store, pool) in this process; the counters are named as PoolStats' fields."""
 
-    def __init__(self, name: str, rate: Rate) -> None:
+    def __init__(self, name: str, rate: Rate, search: RateSearch | None) -> None:
         self.name, self.paced_by = name, "start"
         self.configured = self.rate = rate  # rate: paced by, lower if the server announced so
+        self.search = search  # a discovering pool's: it sets ``rate``
         self.turn = asyncio.Lock()  # FIFO without barging, as Python 3.11's locks are
         self.slowdown = Slowdown()
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
+        # A discovering pool's last change of rate, and when its answered requests were due
+        # (the starts the server accepted, as far as this loop saw: a 429 counts its window).
+        self.repaced_at = -math.inf
+        self.answered = deque[float](maxlen=0 if search is None else 2 * search.most + 2)
+
+
+#: The fields of PoolStats that a _Pool holds under the same names.
+_COUNTED = (
+    *("requests", "rate_limited", "retries", "wait_seconds", "waiting", "in_flight"),
+    *("interval", "margin", "paced_by"),
+)
+
+
+class _Learning:
+    """What one pool (or list path) of a store learned in this loop, and its shared version."""
+
+    __slots__ = ("pages", "search", "seeded", "synced", "version")
+
+    def __init__(self, search: RateSearch | None) -> None:
+        self.search, self.pages = search, PageSizeSearch()
+        self.version: int | None = None  # None: the shared record not read yet
+        self.synced: Learned | None = None  # the record as last exchanged
+        self.seeded = False  # restored from an import: the shared record, if any, wins
+
+    def snapshot(self, now: float) -> Learned:
+        rate = {} if self.search is None else self.search.snapshot(now)
+        return Learned(**rate, **self.pages.snapshot())  # type: ignore[arg-type]
+
+    def restore(self, learned: Learned, now: float, *, imported: bool = False) -> None:
+        """Take in ``learned``: an import (a record of an earlier run) or another holder's."""
+        if self.search is not None:
+            self.search.restore(learned, now)
+        if imported:
+            self.pages.restore(learned)
+        else:
+            self.pages.adopt(learned)
 
 
 class Slot:
@@ -117,6 +204,8 @@ class Slot:
         # An answered light request is a jitter sample (heavy pages are built after the stamp).
         if exc_type is None and self._pool is self._limiter._global:
             self._limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
+        elif exc_type is None:
+            self._pool.answered.append(self.due)
 
 
 class StoreLimiter:
@@ -126,9 +215,18 @@ class StoreLimiter:
         self.store, self.limits, self._backend, self.jitter = store, limits, backend, jitter
         self._loop_ref = weakref.ref(asyncio.get_running_loop())  # weak: not keeping it alive
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
-        self._pools = {name: _Pool(name, limits.rate_for(name)) for name in limits.pools}
+        self._pools: dict[str, _Pool] = {}
+        self._learning: dict[str, _Learning] = {}  # discovering pools', and list paths'
+        for name in limits.pools:
+            discovery = limits.discovery_for(name)
+            search = None if discovery is None else RateSearch(discovery)
+            self._pools[name] = _Pool(name, limits.rate_for(name), search)
+            if search is not None:
+                self._learning[name] = _Learning(search)
         self._global = self._pools["global"]
-        self._background: set[asyncio.Task[None]] = set()  # pauses being shared
+        self._background: set[asyncio.Task[None]] = set()  # pauses and learning being shared
+        self._exchange = getattr(backend, "exchange", None)
+        self._sync_at = -math.inf
 
     def _pool(self, pool: str) -> _Pool:
         if (found := self._pools.get(pool)) is None:
@@ -142,10 +240,107 @@ class StoreLimiter:
         return Slot(self, self._pool(pool), max_wait)
 
     def stats(self) -> LimiterStats:
-        names = [f.name for f in attrs.fields(PoolStats)]
-        pools = {n: PoolStats(*(getattr(p, f) for f in names)) for n, p in self._pools.items()}
+        pools: dict[str, PoolStats] = {}
+        for name, p in self._pools.items():
+            learning, search = self._learning.get(name), p.search
+            rate_by = search.by if search is not None else "configured"
+            rate_by = "server" if p.rate is not p.configured and search is None else rate_by
+            pools[name] = PoolStats(
+                **{f: getattr(p, f) for f in _COUNTED},
+                rate=p.rate.per_second if p.requests else 0.0,
+                rate_by=rate_by,
+                ceiling_found=None if search is None else search.refused,
+                page_size=None if learning is None else learning.pages.size,
+                page_size_by=None if learning is None else learning.pages.by,
+            )
         in_flight, most = sum(p.in_flight for p in pools.values()), self.limits.max_in_flight
         return LimiterStats(self.store, MappingProxyType(pools), in_flight, most)
+
+    # -- what pools learn -----------------------------------------------------------------------
+
+    async def page_sizes(self, path: str) -> PageSizeSearch:
+        """The page-size search of list ``path`` (its heavy pool's, or the path's own), shared
+        by every pull of the path in this loop and with the backend's other holders."""
+        learning = self._learning.get(path)
+        if learning is None:
+            learning = self._learning[path] = _Learning(None)
+        if learning.version is None:
+            await self._sync(path)
+        return learning.pages
+
+    def learned(self) -> dict[str, Learned]:
+        """What each pool (and list path) learned so far, ``hold`` and ``age`` counted to now
+        (also once the loop has stopped: an export at the end of a run)."""
+        loop = self._loop_ref()
+        now = loop.time() if loop is not None else time.monotonic()
+        return {key: learning.snapshot(now) for key, learning in self._learning.items()}
+
+    def restore(self, records: Mapping[str, Learned]) -> None:
+        """Start from records learned before (an import): each is used unless the backend
+        already holds one for its key (another client or worker learned since)."""
+        now = asyncio.get_running_loop().time()
+        for key, record in records.items():
+            pool = self._pools.get(key)
+            search = None if pool is None else pool.search
+            learning = self._learning.setdefault(key, _Learning(search))
+            page_by = None if record.page_size is None else "remembered"
+            remembered = attrs.evolve(record, rate_by="remembered", page_by=page_by)
+            learning.restore(remembered, now, imported=True)
+            learning.seeded = True
+            if pool is not None and search is not None:
+                self._repaced(pool, now)
+
+    def _repaced(self, p: _Pool, now: float) -> None:
+        """A discovering pool's rate changed: its next reserve paces by it."""
+        assert p.search is not None
+        p.repaced_at, p.rate = now, p.search.pace()
+
+    def _share(self, key: str) -> None:
+        if self._exchange is not None:
+            task = asyncio.get_running_loop().create_task(self._sync(key))
+            self._background.add(task)
+            task.add_done_callback(self._shared_learning)
+
+    def _shared_learning(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            message = "store %r: could not share what a pool learned with the limiter backend (%s)"
+            logger.warning(message, self.store, type(exc).__name__)
+
+    async def _sync(self, key: str) -> None:
+        """Exchange what ``key`` learned with the backend's shared record: a change of ours is
+        written (merged with one made elsewhere meanwhile), one made elsewhere adopted."""
+        learning, loop = self._learning[key], asyncio.get_running_loop()
+        if self._exchange is None:
+            learning.version = 0
+            return
+        for _ in range(3):  # a write lost to another writer is merged and written again
+            mine = learning.snapshot(loop.time())
+            known = learning.version
+            dirty = learning.seeded or (known is not None and mine != learning.synced)
+            try:
+                version, shared, written = await self._exchange(
+                    self.store, key, known or 0, mine if dirty else None
+                )
+            except Exception as exc:  # learning alone until the backend answers again
+                learning.version = known or 0
+                message = "store %r: what %r learned was not shared (%s)"
+                logger.debug(message, self.store, key, type(exc).__name__)
+                return
+            if written or (not dirty and (shared is None or version == known)):
+                learning.version, learning.synced, learning.seeded = version, mine, False
+                return
+            if shared is None:  # none (expired since) or none readable: ours is written over it
+                learning.version = version
+                continue
+            adopt = shared if learning.seeded or not dirty else merged(mine, shared)
+            learning.restore(adopt, now := loop.time())
+            learning.version, learning.seeded = version, False
+            learning.synced = shared if adopt is shared else None  # a merge is written next
+            if (pool := self._pools.get(key)) is not None and pool.search is not None:
+                self._repaced(pool, now)
+            if adopt is shared:
+                return
 
     def record_retry(self, pool: str) -> None:
         self._pool(pool).retries += 1
@@ -155,13 +350,30 @@ class StoreLimiter:
         round trip) and pause the pool for ``pause`` seconds (Retry-After)."""
         p, now = slot._pool, asyncio.get_running_loop().time()
         p.rate_limited += 1
-        if slot.due > p.slowdown.widened_at:  # else sent before the last widening
+        if p.search is not None:  # a discovering pool learns its rate instead of slowing down
+            self._refused(p, p.search, slot.due, now)
+        elif slot.due > p.slowdown.widened_at:  # else sent before the last widening
             since = max(p.run_start, slot.due - p.rate.per)
             # The starts in the window before: one per interval in all processes; none if paused.
             accepted = (slot.due - since) / p.interval if p.pause_until <= since else 0.0
             factor = p.slowdown.widen(now, p.rate.n / accepted if accepted >= 3 else 1.0)
             logger.debug("store %r pool %r: 429, slowdown now %.3f", self.store, p.name, factor)
         self.pause(p.name, pause or 0.0)
+
+    def _refused(self, p: _Pool, search: RateSearch, due: float, now: float) -> None:
+        """A 429 answered a discovering pool's request due at ``due``."""
+        with contextlib.suppress(ValueError):
+            p.answered.remove(due)  # refused, not accepted
+        if due <= p.repaced_at:  # sent before the pool last changed its rate
+            return
+        # What the server evidently allowed: the starts it accepted in the window before.
+        per = p.rate.per
+        accepted = sum(due - per <= answered < due for answered in p.answered)
+        search.refused_at(now, accepted / per if accepted else None)
+        self._repaced(p, now)
+        self._share(p.name)
+        message = "store %r pool %r: 429 after %d starts in %.3fs, rate now %.3f/s"
+        logger.debug(message, self.store, p.name, accepted, per, search.rate)
 
     def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (any, with
@@ -172,9 +384,17 @@ class StoreLimiter:
             return
         if limit.quota is not None:
             announced = Rate(limit.quota, per=limit.window or p.configured.per)
-            lower = announced.per_second < p.configured.per_second
-            p.rate = announced if lower or mode == "follow" else p.configured
-        covered = p.rate is not p.configured and (limit.reset or 0) <= 1.0
+            if p.search is not None:  # any announced quota replaces the search
+                before = p.search.rate
+                p.search.announce(now := asyncio.get_running_loop().time(), announced.per_second)
+                if p.search.rate != before:
+                    self._repaced(p, now)
+                    self._share(pool)
+            else:
+                lower = announced.per_second < p.configured.per_second
+                p.rate = announced if lower or mode == "follow" else p.configured
+        announcing = p.rate is not p.configured if p.search is None else p.search.announced
+        covered = announcing and (limit.reset or 0) <= 1.0
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
 
@@ -206,7 +426,8 @@ class StoreLimiter:
             margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"
         slowdown = p.slowdown.value(now)
-        paced_by = "server" if p.rate is not p.configured else paced_by
+        announced = p.rate is not p.configured if p.search is None else p.search.announced
+        paced_by = "server" if announced else paced_by
         paced_by = "429" if slowdown > 1.001 else paced_by
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
@@ -222,6 +443,8 @@ class StoreLimiter:
         queued_at, p.waiting = loop.time(), p.waiting + 1
         try:
             async with p.turn:  # as the pool's head, holding an in-flight place, claim a slot
+                if p.search is not None and self._learning[p.name].version is None:
+                    await self._sync(p.name)  # start from what the backend's holders learned
                 await self._in_flight.acquire()
                 try:
                     while True:
@@ -246,6 +469,14 @@ class StoreLimiter:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
         p.wait_seconds += due - queued_at
+        if p.search is not None and p.search.started(due, waited=due > queued_at):
+            self._repaced(p, due)
+            self._share(p.name)
+            logger.debug("store %r pool %r: rate raised to %s", self.store, p.name, p.rate)
+        if self._learning and due >= self._sync_at:  # read what other holders learned
+            self._sync_at = due + SYNC_EVERY
+            for key in self._learning:
+                self._share(key)
         return due
 
     async def _reserve(self, p: _Pool, now: float) -> float:

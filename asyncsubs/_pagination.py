@@ -9,7 +9,9 @@ A cursor that repeats would loop forever, so it raises ProtocolError. An empty p
 more records follow is allowed (a filtered scan may pass stretches with no match), but only
 ``max_empty_pages`` in a row: a server that hands out fresh cursors to empty pages forever is
 stopped too. A failed page fetch is retried (by the client) with the same cursor, so no record
-is skipped or yielded twice.
+is skipped or yielded twice. With ``page_size="max"`` the size asked comes from the path's
+:class:`~asyncsubs._discovery.PageSizeSearch`, and a 400 it attributes to the size asks the same
+page again, smaller.
 """
 
 from __future__ import annotations
@@ -17,19 +19,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from ._config import positive_int
 from ._converter import structure_records, structurer_for
+from ._discovery import PageSizeSearch
 from ._models import Page
 from ._protocol import PageEnvelope
-from .errors import ConfigError, ProtocolError
+from .errors import BadRequestError, ConfigError, ProtocolError
 
-__all__ = ["FetchPage", "ListCall", "ListEndpoint"]
+__all__ = ["MAX", "FetchPage", "ListCall", "ListEndpoint", "PageSizes"]
 
 T = TypeVar("T")
 #: Fetches one page: ``GET path`` with the query; the client's rate-limited, retried request.
 FetchPage: TypeAlias = Callable[[str, Mapping[str, Any]], Awaitable[PageEnvelope]]
+#: The page-size search of a list path, shared by the store's pulls of it.
+PageSizes: TypeAlias = Callable[[str], Awaitable[PageSizeSearch]]
+#: ``list(page_size=MAX)``: the largest page the server serves, found while pulling.
+MAX: Final = "max"
 PAGE_SIZE: Final = "pageSize"
 AFTER_CURSOR: Final = "afterCursor"
 #: Pages fetched ahead of the consumer by default: overlaps one network wait with the caller's
@@ -68,13 +75,15 @@ class ListCall(Generic[T]):
         fetch_page: FetchPage,
         path: str,
         *,
-        page_size: int | None,
+        page_size: int | Literal["max"] | None,
         after_cursor: str | None,
         params: dict[str, Any],
         structure: Callable[[Any], T] | None,
         prefetch: int = DEFAULT_PREFETCH,
         max_empty_pages: int = DEFAULT_MAX_EMPTY_PAGES,
+        page_sizes: PageSizes | None = None,
     ) -> None:
+        self._page_sizes = page_sizes
         self._prefetch = prefetch
         self._max_empty_pages = max_empty_pages
         self._fetch_page = fetch_page
@@ -134,7 +143,10 @@ class ListCall(Generic[T]):
         seen: set[str] = set() if cursor is None else {cursor}
         empty_in_a_row = 0
         query = dict(self._params)
-        if self._page_size is not None:
+        search = None
+        if self._page_size == MAX and self._page_sizes is not None:
+            search = await self._page_sizes(self._path)
+        elif self._page_size is not None:
             query[PAGE_SIZE] = self._page_size
         while True:
             if cursor is None:
@@ -143,7 +155,10 @@ class ListCall(Generic[T]):
                 query[AFTER_CURSOR] = cursor
             if credits is not None:
                 await credits.acquire()
-            envelope = await self._fetch_page(self._path, query)
+            if search is None:
+                envelope = await self._fetch_page(self._path, query)
+            else:
+                envelope = await self._fetch_largest(query, search)
             next_cursor = envelope.next_cursor if envelope.has_next_page else None
             if next_cursor is not None:
                 # Checked before the page is yielded, so the caller's last checkpoint
@@ -178,6 +193,20 @@ class ListCall(Generic[T]):
                 return
             cursor = next_cursor
 
+    async def _fetch_largest(self, query: dict[str, Any], search: PageSizeSearch) -> PageEnvelope:
+        """The page at ``query``'s cursor, as large as ``search`` says; a 400 that it takes for
+        one about the size is answered by asking the same page again, smaller."""
+        while True:
+            query[PAGE_SIZE] = size = search.ask()
+            try:
+                envelope = await self._fetch_page(self._path, query)
+            except BadRequestError:
+                if not search.refused_size(size):
+                    raise
+                continue
+            search.served(size, len(envelope.data), envelope.has_next_page)
+            return envelope
+
     async def __aiter__(self) -> AsyncIterator[T]:
         async for page in self.pages():
             for record in page.data:
@@ -187,8 +216,15 @@ class ListCall(Generic[T]):
 class ListEndpoint(Generic[T]):
     """A list endpoint of the admin interface, e.g. ``client.subscriptions``."""
 
-    def __init__(self, fetch_page: FetchPage, path: str, model: type[T] | Any) -> None:
+    def __init__(
+        self,
+        fetch_page: FetchPage,
+        path: str,
+        model: type[T] | Any,
+        page_sizes: PageSizes | None = None,
+    ) -> None:
         self._fetch_page = fetch_page
+        self._page_sizes = page_sizes
         self.path = path
         self.model = model
 
@@ -198,7 +234,7 @@ class ListEndpoint(Generic[T]):
     def list(
         self,
         *,
-        page_size: int | None = None,
+        page_size: int | Literal["max"] | None = None,
         after_cursor: str | None = None,
         params: Mapping[str, Any] | None = None,
         model: type[Any] | None = None,
@@ -207,7 +243,10 @@ class ListEndpoint(Generic[T]):
     ) -> ListCall[Any]:
         """Records of this endpoint, fetched page by page.
 
-        - ``page_size``: records per request (the server may clamp it); None = server default.
+        - ``page_size``: records per request (the server may clamp it); None = server default;
+          ``"max"``: the largest page the server serves, learned while pulling (from pages cut
+          short and from 400s to larger sizes, which never fail the pull) and remembered by the
+          store's limiter for the next pull of the path.
         - ``after_cursor``: resume after a page whose ``next_cursor`` you saved.
         - ``params``: extra query parameters passed through (e.g. ``{"status": "ACTIVE"}``).
         - ``model``: ``dict`` for plain dicts (no structuring cost), or any attrs class.
@@ -220,13 +259,18 @@ class ListEndpoint(Generic[T]):
                 raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         if after_cursor is not None and (not isinstance(after_cursor, str) or not after_cursor):
             raise ConfigError(f"after_cursor must be a non-empty string, got {after_cursor!r}")
+        if page_size == MAX and self._page_sizes is None:
+            raise ConfigError('page_size="max" needs a client that learns page sizes')
+        if page_size is not None and page_size != MAX:
+            positive_int('page_size (or "max")', page_size)
         return ListCall(
             self._fetch_page,
             self.path,
-            page_size=None if page_size is None else positive_int("page_size", page_size),
+            page_size=page_size,
             after_cursor=after_cursor,
             params=_check_params(params),
             structure=structurer_for(self.model if model is None else model),
             prefetch=prefetch,
             max_empty_pages=max_empty_pages,
+            page_sizes=self._page_sizes,
         )

@@ -23,6 +23,17 @@ class PoolStats:
     margin: float = 0.0  #: the margin in that interval
     #: What sets the interval: "start" (no samples yet), "floor", "jitter", "429", "server"
     paced_by: str = "start"
+    #: Requests per second the pool paces at before its margin (0 before the first request)
+    rate: float = 0.0
+    #: What set that rate: "configured", "server" (announced); for a discovering pool "start",
+    #: "probe" (raised after clean time), "429" or "remembered" (learned before)
+    rate_by: str = "configured"
+    #: The lowest rate a 429 refused while discovering (requests per second), if any
+    ceiling_found: float | None = None
+    #: The largest page the server serves, once a ``page_size="max"`` pull learned it
+    page_size: int | None = None
+    #: What told it: "clamp" (pages cut short), "400" (larger pages refused), "remembered"
+    page_size_by: str | None = None
 
 
 @attrs.frozen

@@ -24,11 +24,12 @@ Attributes never carry the token or a query: ``url.full`` is the URL without its
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from urllib.parse import urlsplit
 
 from ._protocol import Request
@@ -204,6 +205,16 @@ def _configured() -> bool:
 # -- recording ----------------------------------------------------------------------------------
 
 
+class _Pool(NamedTuple):
+    """What the gauges observe of one pool of one store."""
+
+    in_flight: int
+    interval: float
+    margin: float
+    rate: float
+    page_size: int
+
+
 class _Instruments:
     """The instruments of one meter provider, and what its observable instruments report: the
     limiters' pools and the requests in flight. One per provider: the SDK refuses a second
@@ -250,6 +261,18 @@ class _Instruments:
             unit="1",
             description="The fraction by which the pool's pacing stays below its rate now.",
         )
+        meter.create_observable_gauge(
+            "asyncsubs.limiter.rate",
+            callbacks=[self._rates],
+            unit="{request}/s",
+            description="Requests per second the pool paces at (configured, announced or learned).",
+        )
+        meter.create_observable_gauge(
+            "asyncsubs.page_size",
+            callbacks=[self._page_sizes],
+            unit="{record}",
+            description="The largest page the server serves, as a page_size='max' pull learned.",
+        )
         # Observed in the SDK's export thread while event loops (maybe several) add limiters.
         self._lock = threading.Lock()
         self._limiters: weakref.WeakSet[StoreLimiter] = weakref.WeakSet()
@@ -258,34 +281,44 @@ class _Instruments:
         with self._lock:
             self._limiters.add(limiter)
 
-    def _pools(self) -> list[tuple[dict[str, Any], int, float, float]]:
+    def _pools(self) -> list[tuple[dict[str, Any], _Pool]]:
         """Per store and pool, over the event loops (threads) that bound the store, one limiter
-        each: requests in flight (the sum), interval and margin (the widest), as the metrics
-        API asks for one observation per attributes."""
+        each: requests in flight (the sum), interval, margin, rate and page size (the widest,
+        the lowest rate), as the metrics API asks for one observation per attributes."""
         with self._lock:
             limiters = list(self._limiters)
-        merged: dict[tuple[str, str], tuple[int, float, float]] = {}
+        merged: dict[tuple[str, str], _Pool] = {}
         for limiter in limiters:
             for name, pool in limiter.stats().pools.items():
-                n, interval, margin = merged.get((limiter.store, name), (0, 0.0, 0.0))
-                merged[limiter.store, name] = (
-                    n + pool.in_flight,
-                    max(interval, pool.interval),
-                    max(margin, pool.margin),
+                seen = merged.get((limiter.store, name), _Pool(0, 0.0, 0.0, math.inf, 0))
+                merged[limiter.store, name] = _Pool(
+                    seen.in_flight + pool.in_flight,
+                    max(seen.interval, pool.interval),
+                    max(seen.margin, pool.margin),
+                    min(seen.rate, pool.rate or math.inf),
+                    max(seen.page_size, pool.page_size or 0),
                 )
-        return [({STORE: s, POOL: p}, *values) for (s, p), values in merged.items()]
+        return [({STORE: s, POOL: p}, pool) for (s, p), pool in merged.items()]
 
     def _in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [metrics.Observation(n, attrs) for attrs, n, _, _ in self._pools()]
+        return [metrics.Observation(p.in_flight, attrs) for attrs, p in self._pools()]
 
     def _intervals(self, options: CallbackOptions) -> Iterable[Observation]:
         # A pool that has not paced a request yet has no interval to report.
         pools = self._pools()
-        return [metrics.Observation(i, attrs) for attrs, _, i, _ in pools if i > 0]
+        return [metrics.Observation(p.interval, attrs) for attrs, p in pools if p.interval > 0]
 
     def _margins(self, options: CallbackOptions) -> Iterable[Observation]:
         pools = self._pools()
-        return [metrics.Observation(m, attrs) for attrs, _, i, m in pools if i > 0]
+        return [metrics.Observation(p.margin, attrs) for attrs, p in pools if p.interval > 0]
+
+    def _rates(self, options: CallbackOptions) -> Iterable[Observation]:
+        pools = self._pools()
+        return [metrics.Observation(p.rate, attrs) for attrs, p in pools if p.rate < math.inf]
+
+    def _page_sizes(self, options: CallbackOptions) -> Iterable[Observation]:
+        pools = self._pools()
+        return [metrics.Observation(p.page_size, attrs) for attrs, p in pools if p.page_size]
 
 
 _lock = threading.Lock()

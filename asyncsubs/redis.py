@@ -23,11 +23,14 @@ Design
   with the pool's shared 429 slowdown. Every clock reading is Redis's, so host clocks never
   matter.
 - Keys per ``(store, pool)``: ``{prefix}:{{store}}:gcra:{pool}`` (TAT, the configured
-  interval, when written), ``...:pause:{pool}``, ``...:slowdown:{pool}``; per store
+  interval, when written), ``...:pause:{pool}``, ``...:slowdown:{pool}``, and
+  ``...:learned:{pool}`` (what a discovering pool, or a list path's page size, learned: a
+  versioned record written compare-and-set, see :meth:`RedisPacing.exchange`); per store
   ``{prefix}:{{store}}:workers``. The ``{store}`` hash tag keeps a store's keys in one Redis
   Cluster slot. Every key expires on its own: the GCRA hash ``idle_ttl`` seconds after its last
   slot, a pause when it ends, a slowdown after ten half-lives, the workers hash
-  :data:`FORGET_AFTER` seconds after its last entry.
+  :data:`FORGET_AFTER` seconds after its last entry, a learned record a week after its last
+  change.
 - A 429 seen by any process sets the pool's pause (never shortening a longer one) and raises
   its slowdown (never lowering it); every process's next slot comes after and slower.
 - Each pool's configured interval goes with its key: a worker configured otherwise than the
@@ -70,8 +73,12 @@ import weakref
 from types import TracebackType
 from typing import Any, Final, TypeAlias
 
+import attrs
+import orjson
+
 from ._calibration import SLOWDOWN_HALF_LIFE
 from ._config import Limits
+from ._discovery import LEARNED_MAX_AGE, Learned
 from ._limiter import Limiter, MemoryPacing, StoreLimiter
 from .errors import ConfigError, LimiterUnavailableError
 
@@ -214,6 +221,30 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
+# What a pool learned, one versioned record per (store, key), written compare-and-set: a write
+# made from another version than the stored one is refused and the stored record returned.
+# KEYS: learned (hash: version, state: the record as JSON, at: when written). ARGV: the version
+# the write was made from, the record ('' to read only), ttl ms. Returns {version, state or '',
+# microseconds since it was written, 1 if written}.
+EXCHANGE_SCRIPT: Final = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local current = redis.call('HMGET', KEYS[1], 'version', 'state', 'at')
+local version = tonumber(current[1]) or 0
+if ARGV[2] ~= '' and tonumber(ARGV[1]) == version then
+  version = version + 1
+  redis.call('HSET', KEYS[1], 'version', version, 'state', ARGV[2], 'at',
+    string.format('%.0f', now))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {version, ARGV[2], 0, 1}
+end
+if not current[2] then return {0, '', 0, 0} end
+return {version, current[2], string.format('%.0f', now - (tonumber(current[3]) or now)), 0}
+"""
+#: A learned record outlives its last change by a week in Redis (it is probed again after a day).
+_LEARNED_TTL_MS: Final = int(7 * LEARNED_MAX_AGE * 1000)
+
 #: What counts as Redis failing (redis-py wraps most socket errors; OSError covers the rest,
 #: TimeoutError included).
 _FAILURES: Final = (RedisError, OSError)
@@ -237,6 +268,7 @@ class _Script:
 _RESERVE: Final = _Script(RESERVE_SCRIPT)
 _PAUSE: Final = _Script(PAUSE_SCRIPT)
 _HEARTBEAT: Final = _Script(HEARTBEAT_SCRIPT)
+_EXCHANGE: Final = _Script(EXCHANGE_SCRIPT)
 
 
 def _escape(text: str) -> str:
@@ -390,6 +422,10 @@ class RedisPacing:
         base = f"{self.prefix}:{{{_escape(store)}}}"
         return f"{base}:gcra:{pool}", f"{base}:pause:{pool}", f"{base}:slowdown:{pool}"
 
+    def learned_key(self, store: str, key: str) -> str:
+        """The record of what ``key`` (a pool or list path) of ``store`` learned."""
+        return f"{self.prefix}:{{{_escape(store)}}}:learned:{key}"
+
     def workers_key(self, store: str) -> str:
         """The hash of the workers using ``store``: when each was last heard of, its fraction."""
         return f"{self.prefix}:{{{_escape(store)}}}:workers"
@@ -508,6 +544,29 @@ class RedisPacing:
                 stepped,
             )
         return wait, slowdown
+
+    async def exchange(
+        self, store: str, key: str, version: int, learned: Learned | None
+    ) -> tuple[int, Learned | None, bool]:
+        """The shared record of what ``key`` of ``store`` learned, written compare-and-set
+        (see :class:`~asyncsubs._limiter.LearningBackend`); raises while Redis is down, and the
+        pool then learns in this process alone until it answers."""
+        if self._down:
+            raise self._unavailable(store, None)
+        state = "" if learned is None else orjson.dumps(attrs.asdict(learned)).decode()
+        args: list[int | str] = [version, state, _LEARNED_TTL_MS]
+        reply = await _EXCHANGE(self.client(), [self.learned_key(store, key)], args)
+        shared_version, written = int(reply[0]), bool(int(reply[3]))
+        try:  # another worker's record; one that is not a record is ignored, and overwritten
+            fields = orjson.loads(reply[1]) if reply[1] else None
+            elapsed = int(reply[2]) / _US
+            shared = None if fields is None else Learned(**fields)
+        except (TypeError, ValueError):
+            return shared_version, None, written
+        if shared is not None:
+            hold, age = max(0.0, shared.hold - elapsed), shared.age + elapsed
+            shared = attrs.evolve(shared, hold=hold, age=age)
+        return shared_version, shared, written
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         # Also kept in memory, so a fallback that starts during the pause still honours it.

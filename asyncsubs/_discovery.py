@@ -1,0 +1,412 @@
+"""What a pool learns of a server that does not tell its limits: pure state, no I/O.
+
+The interface shows neither the heavy pools' sizes nor pageSize's maximum, and a bulk pull runs at
+(pool's rate) x (records per page). A pool given ``Rate.discover()`` finds its rate
+(:class:`RateSearch`), a pull given ``page_size="max"`` the largest page (:class:`PageSizeSearch`),
+and :class:`Learned` is what a pool knows in the form that backends share and clients export, so
+that the next worker or run starts where this one stopped. Times inside a search are the event
+loop's; times in a ``Learned`` are durations from now, which each holder converts on its clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from ._calibration import MAX_SLOWDOWN, SLOWDOWN_STEP
+from ._config import Discovery, Rate
+from .errors import ConfigError
+
+__all__ = [
+    "FIRST_PAGE_ASK",
+    "LEARNED_FORMAT",
+    "LEARNED_MAX_AGE",
+    "MAX_PAGE_ASK",
+    "PROBE_HOLD",
+    "Learned",
+    "PageSizeSearch",
+    "RateSearch",
+    "export_learned",
+    "import_learned",
+    "merged",
+]
+
+#: A raise far from any refusal doubles the rate: from 1/s, a 10/s pool is reached in four steps.
+FAR_STEP: Final = 2.0
+#: A raise once a refusal is known (a probe) is small: the pool sits just under it.
+NEAR_STEP: Final = 1.05
+#: Below this share of the refused rate a raise halves the way to it instead of a small step.
+FAR_BELOW: Final = 0.8
+#: Windows a rate must run clean before the next raise: one far from any refusal, more near one
+#: (a rate a little above the server's is refused only when the starts happen to bunch).
+NEAR_WINDOWS: Final = 5
+#: Seconds a pool holds its rate after a 429 before it probes again; doubled for every refusal in
+#: a row (the server's limit stays where it was), up to ``MAX_HOLD``.
+PROBE_HOLD: Final = 300.0
+MAX_HOLD: Final = 3600.0
+#: Seconds after which a learned record is probed again from its rate (a server's limits change).
+LEARNED_MAX_AGE: Final = 86_400.0
+#: The first page size a ``page_size="max"`` pull asks for, and the most it ever asks for. The
+#: ladder: the round sizes servers' maxima tend to be; a page served in full is followed by one
+#: of the next size up, a 400 with nothing accepted yet steps down it, and a 400 at its last
+#: rung is not about the page size.
+FIRST_PAGE_ASK: Final = 1_000
+MAX_PAGE_ASK: Final = 10_000
+PAGE_LADDER: Final = (10_000, 5_000, 2_500, 1_000, 500, 250, 100, 50)
+#: Narrowing stops once the refused size is within this share of the accepted one.
+PAGE_TOLERANCE: Final = 0.02
+
+
+def _rate(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None and attribute.default is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and attribute.name in ("rate", "good", "refused")):
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _count(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None and attribute.default is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _label(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None and attribute.default is None:
+        return
+    if not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= 32:
+        raise ValueError(f"{attribute.name} must be a short word, got {value!r}")
+
+
+@attrs.frozen
+class Learned:
+    """What one pool of one store has learned of the server, as shared and exported.
+
+    ``rate`` (requests per second paced before the margin; None: nothing learned), what set it
+    (``rate_by``), the highest rate that ran clean (``good``) and the lowest a 429 refused
+    (``refused``, the ceiling found), refusals in a row (``strikes``) and the seconds until the
+    next probe (``hold``); the largest page the server serves (``page_size``, once known) and
+    what told it (``page_by``), with the largest size it accepted and the smallest it refused;
+    ``age``: seconds since the record last changed. ``hold`` and ``age`` drift with time, so
+    two records are equal when all else is."""
+
+    rate: float | None = attrs.field(default=None, validator=_rate)
+    rate_by: str = attrs.field(default="start", validator=_label)
+    good: float | None = attrs.field(default=None, validator=_rate)
+    refused: float | None = attrs.field(default=None, validator=_rate)
+    strikes: int = attrs.field(default=0, validator=_count)
+    hold: float = attrs.field(default=0.0, validator=_rate, eq=False)
+    page_size: int | None = attrs.field(default=None, validator=_count)
+    page_by: str | None = attrs.field(default=None, validator=_label)
+    page_accepted: int = attrs.field(default=0, validator=_count)
+    page_refused: int | None = attrs.field(default=None, validator=_count)
+    age: float = attrs.field(default=0.0, validator=_rate, eq=False)
+
+    def expired(self) -> bool:
+        return self.age > LEARNED_MAX_AGE
+
+
+def merged(mine: Learned, theirs: Learned) -> Learned:
+    """Two records of one pool changed at once (two workers): the lower rate's rate fields (a
+    refusal wins over a raise, which is tried again later), and the page evidence of both."""
+    rated = mine if theirs.rate is None or (mine.rate or math.inf) < theirs.rate else theirs
+    refused = [r for r in (mine.page_refused, theirs.page_refused) if r is not None]
+    sized = mine if mine.page_size is not None else theirs
+    return attrs.evolve(
+        rated,
+        page_size=sized.page_size,
+        page_by=sized.page_by,
+        page_accepted=max(mine.page_accepted, theirs.page_accepted),
+        page_refused=min(refused, default=None),
+        age=min(mine.age, theirs.age),
+    )
+
+
+def rate_of(per_second: float, window: float) -> Rate:
+    """``per_second`` as a Rate counted in ``window``: ``n`` starts in ``n / per_second`` s."""
+    n = max(1, math.ceil(per_second * window - 1e-9))
+    return Rate(n, per=n / per_second)
+
+
+class RateSearch:
+    """A discovering pool's rate, from its start up to its ceiling.
+
+    - **Raise** after clean time at saturation: a window since the last change (five once a
+      refusal is known) and at least two starts that waited for their slot (the pool, not the
+      caller, was the bottleneck; other workers' starts count too, unseen), without a 429 or an
+      announced limit. Far from any refusal it doubles; below 80% of a known refusal it halves
+      the way to it; near one it steps 5% (a probe).
+    - **429**: at least 5% under the refused rate, no faster than the server evidently allowed
+      in the window before, no faster than halfway back to the last rate that ran clean and never
+      below it; then a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row, before the
+      next raise. A refused rate that later runs clean is forgotten: the server changed.
+    - **Announced** limits replace the search (``announce``).
+    """
+
+    __slots__ = (
+        "_clean",
+        "announced",
+        "by",
+        "ceiling",
+        "changed_at",
+        "good",
+        "hold_until",
+        "lowest",
+        "most",
+        "rate",
+        "refused",
+        "strikes",
+        "window",
+    )
+
+    def __init__(self, discovery: Discovery) -> None:
+        self.window = discovery.ceiling.per
+        self.ceiling = discovery.ceiling.per_second
+        self.most = discovery.ceiling.n  # starts in a window at the ceiling
+        self.lowest = discovery.start.per_second / MAX_SLOWDOWN
+        self.rate, self.by = discovery.start.per_second, "start"
+        self.good: float | None = None
+        self.refused: float | None = None
+        self.strikes, self.hold_until, self.announced = 0, -math.inf, False
+        self.changed_at, self._clean = -math.inf, 0
+
+    def pace(self) -> Rate:
+        return rate_of(self.rate, self.window)
+
+    def _set(self, now: float, rate: float, by: str) -> None:
+        self.rate, self.by, self.changed_at, self._clean = rate, by, now, 0
+
+    def started(self, now: float, waited: bool) -> bool:
+        """A request of the pool started (``waited``: it queued for its slot, so the pool was
+        the bottleneck); True when that raised the rate."""
+        self._clean += waited
+        windows = 1 if self.refused is None else NEAR_WINDOWS
+        if self.announced or self._clean < 2 or now - self.changed_at < windows * self.window:
+            return False
+        if self.good is None or self.rate > self.good:  # it ran clean
+            self.good = self.rate
+            if self.refused is not None and self.good >= self.refused:
+                self.refused, self.strikes = None, 0  # the server allows what it refused
+        if self.rate >= self.ceiling or now < self.hold_until:
+            return False
+        if self.refused is None:
+            rate = self.rate * FAR_STEP
+        elif self.rate < FAR_BELOW * self.refused:
+            rate = (self.rate + self.refused) / 2
+        else:
+            rate = self.rate * NEAR_STEP
+        self._set(now, min(self.ceiling, rate), "probe")
+        return True
+
+    def refused_at(self, now: float, allowed: float | None) -> None:
+        """A 429 answered a request paced at the current rate; ``allowed``: the rate the server
+        evidently allowed in the window before (None: unknown)."""
+        if self.announced:
+            return
+        paced = self.rate
+        good = self.good if self.good is not None and self.good < paced else None
+        rate = paced / (1 + SLOWDOWN_STEP)
+        if allowed is not None:
+            rate = min(rate, allowed)
+        if good is not None:
+            rate = max(good, min(rate, (good + paced) / 2))
+        self.good = good  # a rate refused now is no longer one that ran clean
+        self.refused = paced if self.refused is None else min(self.refused, paced)
+        self.strikes += 1
+        self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
+        self._set(now, max(self.lowest, rate), "429")
+
+    def announce(self, now: float, rate: float) -> None:
+        """The server announced its quota: pace by it and stop searching."""
+        if not self.announced or not math.isclose(rate, self.rate):
+            self._set(now, min(self.ceiling, max(self.lowest, rate)), "server")
+        self.announced = True
+
+    def snapshot(self, now: float) -> dict[str, object]:
+        return {
+            "rate": self.rate,
+            "rate_by": self.by,
+            "good": self.good,
+            "refused": self.refused,
+            "strikes": self.strikes,
+            "hold": max(0.0, self.hold_until - now),
+        }
+
+    def restore(self, learned: Learned, now: float) -> None:
+        """Start from what was learned before (``learned.rate`` is set); an expired record is
+        probed again from its rate."""
+        if learned.rate is None:
+            return
+        same = (learned.rate, learned.good, learned.refused, learned.strikes, learned.rate_by)
+        if same == (self.rate, self.good, self.refused, self.strikes, self.by):
+            return  # what this search knows already (written back by another holder)
+        expired = learned.expired()
+        self.good = None if expired else learned.good
+        self.refused = None if expired else learned.refused
+        self.strikes = 0 if expired else learned.strikes
+        self.hold_until = now + (0.0 if expired else learned.hold)
+        self.announced = False
+        rate = min(self.ceiling, max(self.lowest, learned.rate))
+        self._set(now, rate, learned.rate_by if learned.rate_by != "start" else "start")
+
+
+class PageSizeSearch:
+    """The largest page a list endpoint serves, found while pulling (``page_size="max"``).
+
+    It asks ``FIRST_PAGE_ASK`` records and learns from what comes back:
+
+    - **clamping**: fewer records than asked while more follow, the same count twice in a row
+      (one short page may be a filtered stretch): that count is the size;
+    - **400s**: a 400 to a size larger than any accepted is about the size: the same page is
+      asked again smaller, down ``PAGE_LADDER`` while nothing was accepted, then narrowing
+      between the largest accepted and the smallest refused (first one past the accepted: a
+      server's maximum is often a round number), never twice the same size; a 400 to a size
+      accepted before, or at the ladder's last rung, is about something else and fails;
+    - a page served in full is followed by one of the ladder's next size, up to
+      ``MAX_PAGE_ASK``.
+    """
+
+    __slots__ = ("_clamped", "_first", "_full", "_tried_next", "accepted", "by", "refused", "size")
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self.by: str | None = None
+        self.accepted = 0
+        self.refused: int | None = None
+        self._full, self._first = 0, FIRST_PAGE_ASK
+        self._clamped: int | None = None
+        self._tried_next = False
+
+    def ask(self) -> int:
+        """The size to ask for now."""
+        if self.size is not None:
+            return self.size
+        low, high = self.accepted, self.refused
+        if high is None:
+            if low == 0:
+                return self._first
+            if self._full == low:  # served in full: maybe more
+                return next((rung for rung in reversed(PAGE_LADDER) if rung > low), low)
+            return low
+        if low == 0:
+            return next(rung for rung in PAGE_LADDER if rung < high)
+        if high - low <= max(1.0, low * PAGE_TOLERANCE):
+            self._learn(low, "400")
+            return low
+        if not self._tried_next:
+            self._tried_next = True
+            return low + 1
+        return (low + high) // 2
+
+    def _learn(self, size: int, by: str) -> None:
+        self.size, self.by = size, by
+
+    def refused_size(self, size: int) -> bool:
+        """A 400 answered a request for ``size`` records: True when the same page should be asked
+        again at a smaller size (``ask()``), False when the 400 is not about the size."""
+        if size <= self.accepted or (self.accepted == 0 and size <= PAGE_LADDER[-1]):
+            if self.accepted == 0:
+                self.refused = None  # nothing was ever accepted: the 400s were not about size
+            return False
+        self.refused = size if self.refused is None else min(self.refused, size)
+        if self.size is not None and self.size >= size:
+            self.size = self.by = None  # the server serves less than it did
+        return True
+
+    def served(self, size: int, count: int, has_next: bool) -> None:
+        """A request for ``size`` records was answered with ``count`` of them."""
+        self.accepted = max(self.accepted, size)
+        if count >= size:
+            self._full = max(self._full, size)
+            self._clamped = None
+        elif has_next:
+            if self._clamped == count and count > 0:
+                self._learn(count, "clamp")
+            self._clamped = count
+        if self.size is None and self.refused is not None and self.refused - self.accepted <= 1:
+            self._learn(self.accepted, "400")
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "page_size": self.size,
+            "page_by": self.by,
+            "page_accepted": self.accepted,
+            "page_refused": self.refused,
+        }
+
+    def restore(self, learned: Learned) -> None:
+        """Start from what was learned before. Nothing counts as accepted until this run sees
+        it: a server that lowered its maximum meanwhile is searched again, not failed."""
+        self.accepted = self._full = 0
+        if learned.expired():  # asked again at the size it knew, and above if served in full
+            self.size = self.by = self.refused = None
+            self._first = learned.page_size or FIRST_PAGE_ASK
+            return
+        self.size, self.by, self.refused = learned.page_size, learned.page_by, learned.page_refused
+
+    def adopt(self, learned: Learned) -> None:
+        """Take in what another holder of the path learned in its pulls."""
+        if learned.page_size is not None:
+            self.size, self.by = learned.page_size, learned.page_by
+        self.accepted = max(self.accepted, learned.page_accepted)
+        refused = [r for r in (self.refused, learned.page_refused) if r is not None]
+        self.refused = min(refused, default=None)
+
+
+#: The ``format`` of an export: its version, for whoever reads a file written by another.
+LEARNED_FORMAT: Final = "asyncsubs.learned/1"
+_TIMES: Final = ("hold", "age")
+
+
+def export_learned(
+    base_url: str, store: str, records: Mapping[str, Learned], now: float
+) -> dict[str, Any]:
+    """What a store's pools learned as JSON-ready data, its times as Unix times (``now``)."""
+    pools = {}
+    for key, record in records.items():
+        fields = attrs.asdict(record)
+        hold, age = fields.pop("hold"), fields.pop("age")
+        pools[key] = {**fields, "hold_until": now + hold, "learned_at": now - age}
+    return {"format": LEARNED_FORMAT, "base_url": base_url, "store": store, "pools": pools}
+
+
+def import_learned(
+    data: Mapping[str, Any], base_url: str, store: str, now: float
+) -> dict[str, Learned]:
+    """The records of an export of ``store`` at ``base_url`` (its times read against Unix time
+    ``now``); ConfigError naming the part that is not one."""
+    if not isinstance(data, Mapping) or data.get("format") != LEARNED_FORMAT:
+        raise ConfigError(f"learned must be what export_learned() returned ({LEARNED_FORMAT})")
+    if (data.get("base_url"), data.get("store")) != (base_url, store):
+        raise ConfigError(
+            f"learned was exported for store {data.get('store')!r} at another address or of "
+            f"another store than {store!r}: it describes another server's limits"
+        )
+    pools = data.get("pools")
+    if not isinstance(pools, Mapping):
+        raise ConfigError("learned.pools must be a mapping of pool -> record")
+    names = {a.name for a in attrs.fields(Learned)} - set(_TIMES)
+    records = {}
+    for key, fields in pools.items():
+        try:
+            if not isinstance(key, str) or not key or not isinstance(fields, Mapping):
+                raise ValueError("expected a record under a pool's name")
+            if unknown := set(fields) - names - {"hold_until", "learned_at"}:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+            hold_until, learned_at = fields.get("hold_until", now), fields.get("learned_at", now)
+            if not all(
+                type(t) in (int, float) and math.isfinite(t) for t in (hold_until, learned_at)
+            ):
+                raise ValueError("hold_until and learned_at must be Unix times")
+            kept = {name: value for name, value in fields.items() if name in names}
+            records[key] = Learned(
+                **kept, hold=max(0.0, hold_until - now), age=max(0.0, now - learned_at)
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"learned.pools[{key!r}]: {exc}") from None
+    return records

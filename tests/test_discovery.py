@@ -1,0 +1,484 @@
+"""Discovery: heavy pools' rates and pages' sizes found at run time, remembered and shared.
+
+Rates on the virtual loop clock against a sliding window modelled in the test (a server that
+stamps each request as it starts); page sizes against the search alone and against a real
+FakeAdminServer that clamps or refuses pages above its maximum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import deque
+from typing import Any
+
+import attrs
+import pytest
+from redis_fixtures import (  # noqa: F401 - the fixture registers by its name=
+    RedisServer,
+    redis_server_fixture,
+)
+from virtual_clock import VirtualClock
+
+from asyncsubs import AdminClient, BadRequestError, ConfigError, Limits, Rate
+from asyncsubs._config import Discovery
+from asyncsubs._discovery import (
+    FIRST_PAGE_ASK,
+    LEARNED_MAX_AGE,
+    MAX_HOLD,
+    PROBE_HOLD,
+    Learned,
+    PageSizeSearch,
+    RateSearch,
+    merged,
+)
+from asyncsubs._server_limits import ServerLimit
+from asyncsubs.limiting import Limiter, StoreLimiter
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+
+ORDERS = "orders"
+
+
+class SlidingWindow:
+    """A server's pool: at most ``n`` starts in any ``per`` seconds, stamped at the start."""
+
+    def __init__(self, n: int, per: float = 1.0) -> None:
+        self.n, self.per, self.starts = n, per, deque[float]()
+
+    def admit(self, now: float) -> float | None:
+        """None when accepted, else the Retry-After (seconds until a slot frees)."""
+        while self.starts and self.starts[0] <= now - self.per:
+            self.starts.popleft()
+        if len(self.starts) < self.n:
+            self.starts.append(now)
+            return None
+        return self.starts[0] + self.per - now
+
+
+@attrs.define
+class Run:
+    refusals: list[float] = attrs.Factory(list)  # loop times of 429s
+    accepted: list[float] = attrs.Factory(list)
+    rates: list[tuple[float, float]] = attrs.Factory(list)  # (time, rate) at each change
+
+
+async def pull(
+    sl: StoreLimiter, server: SlidingWindow, seconds: float, *, pool: str = ORDERS
+) -> Run:
+    """A sequential pull of ``pool`` for ``seconds`` of loop time, each page 10 ms to answer;
+    a 429 pauses the pool for the server's Retry-After, as the client does."""
+    loop, run = asyncio.get_running_loop(), Run()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        async with sl.slot(pool) as slot:
+            now = loop.time()
+            retry_after = server.admit(now)
+            await asyncio.sleep(0.01)
+        if retry_after is None:
+            run.accepted.append(now)
+        else:
+            run.refusals.append(now)
+            sl.rate_limited(slot, math.ceil(retry_after))
+        rate = sl.stats().pools[pool].rate
+        if not run.rates or run.rates[-1][1] != rate:
+            run.rates.append((now, rate))
+    return run
+
+
+def discovering(ceiling: int = 50, start: int = 1) -> Limits:
+    return Limits(heavy={ORDERS: Rate.discover(start=start, ceiling=ceiling)})
+
+
+def bind(limits: Limits, limiter: Limiter | None = None) -> StoreLimiter:
+    return (limiter or Limiter()).bind("acme", limits)
+
+
+def achieved(times: list[float], since: float, until: float) -> float:
+    return sum(since <= t < until for t in times) / (until - since)
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+
+
+def test_discovery_is_one_keyword_away_and_fixed_rates_keep_their_meaning() -> None:
+    assert Limits().discovery_for(ORDERS) is None  # the default stays fixed and conservative
+    limits = Limits(discover=True, heavy={"customers": Rate(5)})
+    assert limits.discovery_for(ORDERS) == Discovery()
+    assert limits.discovery_for("customers") is None
+    assert limits.rate_for("customers") == Rate(5)
+    assert limits.rate_for(ORDERS) == Rate(1)  # where a discovering pool starts
+    assert limits.discovery_for("global") is None  # the interface documents its 50/s
+    assert Limits(discover=True) == Limits(heavy={p: Rate.discover() for p in limits.heavy})
+    assert Rate.discover(start=2, ceiling=Rate(20, per=2.0)) == Discovery(Rate(2), Rate(20, 2.0))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: Rate.discover(start=20, ceiling=10), "above its ceiling"),
+        (lambda: Rate.discover(start=0), "positive int"),
+        (lambda: Limits(global_rate=Rate.discover()), "global_rate must be a Rate"),  # type: ignore[arg-type]
+        (lambda: Limits(heavy={ORDERS: 5}), "must be a Rate or Rate.discover"),  # type: ignore[dict-item]
+        (lambda: Limits(discover="yes"), "discover must be a bool"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_discovery_config_is_a_config_error(call: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------------------------
+# The rate search, on the virtual clock
+
+
+async def test_a_clean_pool_doubles_after_each_clean_window_up_to_its_ceiling(
+    clock: VirtualClock,
+) -> None:
+    run = await pull(bind(discovering(ceiling=40)), SlidingWindow(1000), 12.0)
+    assert [rate for _, rate in run.rates] == [1, 2, 4, 8, 16, 32, 40]
+    changes = [t for t, _ in run.rates]
+    # Each rate ran at least a window, with starts that waited for their slot.
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(changes))
+    assert changes[-1] - changes[0] < 10.0  # 1 to 40/s in under ten seconds
+    assert not run.refusals
+
+
+async def test_a_429_sets_the_rate_to_what_the_server_allowed_then_holds(
+    clock: VirtualClock,
+) -> None:
+    sl = bind(discovering())
+    run = await pull(sl, SlidingWindow(10), PROBE_HOLD - 30)
+    assert len(run.refusals) == 1  # the ramp's step to 16/s, answered with the 10 it accepted
+    pool = sl.stats().pools[ORDERS]
+    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10.0, "429", 16.0)
+    assert run.rates[-1][0] == run.refusals[0]  # no raise during the hold
+    # From the first minute on, the pool runs at the rate less the 2% margin, with no 429.
+    start = run.refusals[0] + 2
+    assert achieved(run.accepted, start, start + 200) == pytest.approx(10 / 1.02, rel=0.005)
+
+
+async def test_probes_after_the_hold_grow_rarer_at_the_same_level(clock: VirtualClock) -> None:
+    sl = bind(discovering())
+    run = await pull(sl, SlidingWindow(10), 40 * 60)
+    gaps = [b - a for a, b in itertools.pairwise(run.refusals)]
+    # 5, 10 and 20 minutes (and the probe's own clean window) between refusals.
+    assert gaps == pytest.approx([PROBE_HOLD, 2 * PROBE_HOLD, 4 * PROBE_HOLD], abs=3.0)
+    assert sl.stats().pools[ORDERS].rate == pytest.approx(10.0)
+    assert len(run.refusals) <= 1 + 40 // 10  # at most one 429 per ten minutes after the first
+
+
+async def test_a_server_that_raises_its_limit_is_followed_after_the_hold(
+    clock: VirtualClock,
+) -> None:
+    sl, server = bind(discovering()), SlidingWindow(10)
+    await pull(sl, server, 60)
+    server.n = 20  # the service gave the store a larger pool
+    run = await pull(sl, server, PROBE_HOLD + 60)
+    pool = sl.stats().pools[ORDERS]
+    assert pool.rate == pytest.approx(20.0, rel=0.05)
+    assert pool.ceiling_found is None or pool.ceiling_found > 20  # the old refusal forgotten
+    assert len(run.refusals) <= 2
+
+
+async def test_a_server_that_lowers_its_limit_costs_two_429s(clock: VirtualClock) -> None:
+    sl, server = bind(discovering()), SlidingWindow(10)
+    await pull(sl, server, 60)
+    server.n = 5  # mid-window: the first 429's window still holds starts it took at 10/s
+    run = await pull(sl, server, 120)
+    assert len(run.refusals) == 2
+    assert sl.stats().pools[ORDERS].rate == pytest.approx(5.0)
+
+
+async def test_an_announced_quota_replaces_the_search(clock: VirtualClock) -> None:
+    sl = bind(discovering())
+    sl.server_limit(ORDERS, ServerLimit(quota=6, window=1.0, remaining=5, reset=1.0))
+    run = await pull(sl, SlidingWindow(1000), 30)
+    pool = sl.stats().pools[ORDERS]
+    assert (pool.rate, pool.rate_by, pool.paced_by) == (6.0, "server", "server")
+    assert [rate for _, rate in run.rates] == [6.0]  # never probed above it
+
+
+async def test_probing_never_touches_the_global_pool(clock: VirtualClock) -> None:
+    sl = bind(discovering())
+    await pull(sl, SlidingWindow(10), 20)
+    pool = sl.stats().pools["global"]
+    assert (pool.rate_by, pool.ceiling_found) == ("configured", None)
+    run = await pull(sl, SlidingWindow(1000), 5, pool="global")
+    assert {rate for _, rate in run.rates} == {50.0}
+
+
+def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_start() -> None:
+    search = RateSearch(Discovery(start=Rate(4), ceiling=Rate(50)))
+    search.good, search.rate = 8.0, 16.0
+    search.refused_at(0.0, allowed=2.0)  # another worker's starts were not counted
+    assert search.rate == 8.0
+    search.refused_at(1.0, allowed=None)  # the rate that ran clean was refused: not good
+    assert (search.good, search.rate) == (None, pytest.approx(8 / 1.05))
+    for now in range(2, 60):
+        search.refused_at(float(now), allowed=None)
+    assert search.rate == 1.0  # a quarter of the start at least
+    assert search.hold_until == 59.0 + MAX_HOLD
+
+
+# --------------------------------------------------------------------------------------------
+# Remembered: import, export, expiry, sharing between loops and workers
+
+
+async def test_an_export_imported_starts_the_next_client_where_the_first_stopped(
+    clock: VirtualClock,
+) -> None:
+    server = SlidingWindow(10)
+    async with FakeAdminServer(stores=["acme"], rate_limits=None) as fake:
+        kwargs: dict[str, Any] = {
+            "token": fake.store("acme").token,
+            "base_url": fake.base_url,
+            "store": "acme",
+            "limits": discovering(),
+        }
+        first = AdminClient(**kwargs, limiter=Limiter())
+        await pull(first._bound_limiter(), server, 60)
+        saved = first.export_learned()
+        await asyncio.sleep(1.0)  # the server's window empties, as between two runs
+        second = AdminClient(**kwargs, limiter=Limiter(), learned=saved)
+        run = await pull(second._bound_limiter(), server, 60)
+    assert not run.refusals  # no probing 429 the second time: the hold came along
+    assert achieved(run.accepted, run.accepted[0], run.accepted[0] + 10) > 0.93 * 10
+    pool = second.stats.pools[ORDERS]
+    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10.0, "remembered", 16.0)
+    assert saved["pools"][ORDERS]["hold_until"] > time.time() + PROBE_HOLD - 120
+
+
+async def test_an_expired_record_is_probed_again_from_its_rate(clock: VirtualClock) -> None:
+    sl = bind(discovering())
+    old = Learned(rate=10.0, rate_by="429", good=10.0, refused=16.0, strikes=3, hold=3000.0)
+    sl.restore({ORDERS: attrs.evolve(old, age=LEARNED_MAX_AGE + 1)})
+    run = await pull(sl, SlidingWindow(30), 10)
+    assert [rate for _, rate in run.rates][:2] == [10.0, 20.0]  # from it, far from a refusal
+
+
+def test_an_import_of_another_store_or_a_damaged_one_is_a_config_error() -> None:
+    kwargs: dict[str, Any] = {"token": "t", "base_url": "https://subs.example", "store": "acme"}
+    base = "https://subs.example/admin/2026-04/"
+    good = {"format": "asyncsubs.learned/1", "base_url": base, "store": "acme", "pools": {}}
+    AdminClient(**kwargs, learned=good)
+    for learned, match in [
+        ({**good, "store": "globex"}, "another store"),
+        ({**good, "base_url": "https://other.example/admin/2026-04/"}, "another"),
+        ({**good, "format": "v0"}, "export_learned"),
+        ({**good, "pools": {"orders": {"rate": -1}}}, r"pools\['orders'\]: rate must be"),
+        ({**good, "pools": {"orders": {"rate": 5, "bogus": 1}}}, "unknown fields"),
+        ({**good, "pools": {"orders": {"learned_at": "yesterday"}}}, "Unix times"),
+        ([1, 2], "export_learned"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            AdminClient(**kwargs, learned=learned)  # type: ignore[arg-type]
+
+
+async def test_loops_of_one_process_share_what_a_pool_learned(clock: VirtualClock) -> None:
+    limiter, server = Limiter(), SlidingWindow(10)
+    await pull(bind(discovering(), limiter), server, 30)
+    # Another store limiter of the same store (as a second loop binds) starts from it.
+    other = StoreLimiter("acme", discovering(), limiter._backend, bind(discovering()).jitter)
+    run = await pull(other, server, 30)
+    assert not run.refusals
+    assert run.rates[0][1] == 10.0
+
+
+def test_two_records_changed_at_once_keep_the_lower_rate_and_all_page_evidence() -> None:
+    raised = Learned(rate=20.0, rate_by="probe", good=10.0, page_accepted=500)
+    refused = Learned(rate=9.0, rate_by="429", refused=10.0, page_refused=501, age=3.0)
+    both = merged(raised, refused)
+    assert (both.rate, both.rate_by, both.refused) == (9.0, "429", 10.0)
+    assert (both.page_accepted, both.page_refused) == (500, 501)
+
+
+# --------------------------------------------------------------------------------------------
+# Page sizes
+
+
+def play(search: PageSizeSearch, largest: int, over: str, pages: int = 40) -> tuple[int, list[int]]:
+    """Pages of a big list against a server serving at most ``largest`` records, clamping or
+    refusing larger pages: the 400s and the sizes asked."""
+    refusals, asked = 0, []
+    for _ in range(pages):
+        size = search.ask()
+        asked.append(size)
+        if size > largest and over == "reject":
+            refusals += 1
+            assert search.refused_size(size)
+            continue
+        search.served(size, min(size, largest), has_next=True)
+    return refusals, asked
+
+
+@pytest.mark.parametrize(
+    ("largest", "asked"),
+    [
+        (100, [1000, 1000, 100, 100]),
+        (500, [1000, 1000, 500, 500]),
+        # A page served in full (1,000 of 1,000) is followed by one of the next size up.
+        (1000, [1000, 2500, 2500, 1000]),
+    ],
+)
+def test_a_clamping_server_tells_its_size_in_two_short_pages(
+    largest: int, asked: list[int]
+) -> None:
+    search = PageSizeSearch()
+    assert play(search, largest, "clamp", pages=4) == (0, asked)
+    assert (search.size, search.by) == (largest, "clamp")
+
+
+@pytest.mark.parametrize(("largest", "most"), [(100, 4), (500, 2), (1000, 2), (5000, 2)])
+def test_a_refusing_server_round_maximum_costs_few_400s(largest: int, most: int) -> None:
+    search = PageSizeSearch()
+    refusals, asked = play(search, largest, "reject")
+    assert (search.size, search.by) == (largest, "400")
+    assert refusals <= most
+    assert len(set(asked[-10:])) == 1  # then every page is asked at the size learned
+
+
+@pytest.mark.parametrize("largest", [73, 300, 777, 2345])
+def test_a_refusing_server_odd_maximum_is_found_within_two_percent(largest: int) -> None:
+    search = PageSizeSearch()
+    refusals, asked = play(search, largest, "reject", pages=60)
+    assert search.size is not None
+    assert 0.98 * largest <= search.size <= largest
+    assert refusals <= 9
+    assert all(asked.count(size) == 1 for size in asked if size != search.size)  # never twice
+
+
+def test_a_400_to_a_size_accepted_before_is_not_about_the_size() -> None:
+    search = PageSizeSearch()
+    search.served(1000, 1000, has_next=True)
+    assert not search.refused_size(1000)
+    assert search.refused is None
+
+
+def test_a_first_page_refused_at_every_rung_is_not_about_the_size() -> None:
+    search = PageSizeSearch()
+    asked = []
+    while True:
+        asked.append(size := search.ask())
+        if not search.refused_size(size):
+            break
+    assert asked == [1000, 500, 250, 100, 50]
+    assert (search.refused, search.size, search.ask()) == (None, None, FIRST_PAGE_ASK)
+
+
+def test_one_short_page_is_not_a_clamp() -> None:
+    search = PageSizeSearch()
+    search.served(1000, 40, has_next=True)  # a filtered stretch
+    search.served(1000, 1000, has_next=True)
+    search.served(1000, 40, has_next=True)
+    search.served(1000, 7, has_next=False)  # the last page
+    assert search.size is None
+
+
+@pytest.fixture
+async def large_stores() -> Any:
+    stores = [
+        FakeStoreConfig("clamps", records={"orders": 2_345}, max_page_size=300),
+        FakeStoreConfig("refuses", records={"orders": 2_345}, max_page_size=500, over_max="reject"),
+    ]
+    async with FakeAdminServer(stores=stores, rate_limits=None) as fake:
+        yield fake
+
+
+@pytest.mark.parametrize(
+    ("store", "largest", "most_400s"), [("clamps", 300, 0), ("refuses", 500, 2)]
+)
+async def test_a_max_pull_learns_the_size_and_keeps_every_record_once(
+    large_stores: FakeAdminServer, store: str, largest: int, most_400s: int
+) -> None:
+    fake = large_stores
+    async with AdminClient(
+        token=fake.store(store).token,
+        base_url=fake.base_url,
+        store=store,
+        limiter=Limiter(),
+        limits=discovering(ceiling=10_000, start=10_000),
+    ) as client:
+        pages = [page async for page in client.orders.list(page_size="max", model=dict).pages()]
+        ids = [record["id"] for page in pages for record in page.data]
+        assert ids == [r["id"] for r in fake.records(store, ORDERS)]
+        pool = client.stats.pools[ORDERS]
+        assert pool.page_size == largest
+        assert fake.stats(store).statuses.get(400, 0) <= most_400s
+        # The next pull of the store asks the learned size from its first page.
+        async for _ in client.orders.list(page_size="max", model=dict).pages():
+            break
+    sizes = [r.query["pageSize"] for r in fake.requests if r.store == store]
+    assert sizes[-1] == str(largest)
+
+
+async def test_a_400_that_is_not_about_the_size_fails_as_before(
+    large_stores: FakeAdminServer,
+) -> None:
+    fake = large_stores
+    async with AdminClient(
+        token=fake.store("refuses").token, base_url=fake.base_url, limiter=Limiter()
+    ) as client:
+        with pytest.raises(BadRequestError, match="status must be one of"):
+            await anext(aiter(client.subscriptions.list(page_size="max", params={"status": "NO"})))
+    assert fake.stats("refuses").statuses[400] <= 5  # the ladder down to 50, no further
+
+
+def test_page_size_max_is_spelled_as_documented() -> None:
+    client = AdminClient(token="t", base_url="https://subs.example")
+    with pytest.raises(ConfigError, match='page_size \\(or "max"\\)'):
+        client.orders.list(page_size="largest")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Shared through a real redis-server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.mark.redis
+async def test_redis_keeps_one_record_per_pool_written_compare_and_set(redis_url: str) -> None:
+    from asyncsubs.redis import RedisLimiter
+
+    record = Learned(rate=7.0, rate_by="429", refused=8.0, strikes=1, hold=100.0)
+    async with RedisLimiter(redis_url, prefix=f"t-{time.monotonic_ns()}") as limiter:
+        pacing = limiter.pacing
+        assert await pacing.exchange("acme", ORDERS, 0, None) == (0, None, False)
+        assert await pacing.exchange("acme", ORDERS, 0, record) == (1, record, True)
+        other = attrs.evolve(record, rate=9.0)
+        version, shared, written = await pacing.exchange("acme", ORDERS, 0, other)
+        assert (version, shared, written) == (1, record, False)  # made from a stale version
+        await asyncio.sleep(0.2)
+        version, shared, _ = await pacing.exchange("acme", ORDERS, 1, None)
+        assert shared is not None
+        assert 99.0 < shared.hold < 99.9  # counted down on Redis's clock
+        assert 0.1 < shared.age < 1.0
+
+
+@pytest.mark.redis
+async def test_workers_sharing_redis_pace_one_pool_by_the_store_s_learned_rate(
+    redis_url: str,
+) -> None:
+    """Two workers (each its own RedisLimiter) pull one discovering pool of a store against a
+    server allowing 4/s: what either learns is the store's, and together they stay inside."""
+    from asyncsubs.redis import RedisLimiter
+
+    prefix, server = f"t-{time.monotonic_ns()}", SlidingWindow(4)
+    limits = discovering(ceiling=16)
+    async with (
+        RedisLimiter(redis_url, prefix=prefix) as a,
+        RedisLimiter(redis_url, prefix=prefix) as b,
+    ):
+        workers = [a.bind("acme", limits), b.bind("acme", limits)]
+        runs = await asyncio.gather(*(pull(worker, server, 6.0) for worker in workers))
+    rates = [worker.stats().pools[ORDERS].rate for worker in workers]
+    assert rates == [4.0, 4.0]  # one learned rate, the store's
+    assert sum(len(run.refusals) for run in runs) <= 4
+    accepted = sorted(t for run in runs for t in run.accepted)
+    late = [t for t in accepted if t > accepted[-1] - 2.0]
+    assert len(late) / 2.0 <= 4.0
