@@ -32,7 +32,7 @@ import attrs
 import orjson
 
 from .._retry import waiting_enabled
-from ..webhooks._config import Encoding, signature_header_value
+from ..webhooks._signing import Encoding, signature_header_value
 from ._data import iso
 from ._store import ChangeEvent, FakeStore
 
