@@ -22,6 +22,7 @@ import pytest
 from multidict import CIMultiDict
 
 from asyncsubs import ConfigError
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.webhooks import (
     DeliveryRefused,
     Refusal,
@@ -526,3 +527,35 @@ def test_scheme_settings_are_checked() -> None:
     assert pickle.loads(pickle.dumps(svix)) == svix
     refused = pickle.loads(pickle.dumps(DeliveryRefused(Refusal.BAD_SIGNATURE, "no match")))
     assert (refused.refusal, str(refused)) == (Refusal.BAD_SIGNATURE, "bad_signature: no match")
+
+
+@pytest.mark.parametrize(
+    ("options", "config"),
+    [
+        ({"scheme": "standard-webhooks", "store_key": None}, {"scheme": "standard-webhooks"}),
+        (
+            {"scheme": "timestamped", "store_ids": {"acme": "acme.example"}},
+            {"scheme": "timestamped", "store_id": "acme.example", "shared_secret": True},
+        ),
+    ],
+    ids=["standard-webhooks", "timestamped"],
+)
+async def test_the_fake_sender_signs_with_the_other_schemes(
+    options: dict[str, Any], config: dict[str, Any]
+) -> None:
+    secret = SW_NEW
+    handler = Recorder()
+    receiver = WebhookReceiver(WebhookConfig(secret, **config), handler, store="acme")
+    async with FakeAdminServer(stores=[FakeStoreConfig("acme", records=20)]) as server:
+        url = await receiver.listen()
+        try:
+            sender = await server.deliver_webhooks(url, secret, drop_fraction=0.0, **options)
+            await server.mutator("acme", seed=3).run(steps=15)
+            await sender.join()
+            await receiver.join()
+        finally:
+            await receiver.aclose()
+    assert sender.stats.delivered == sender.stats.events > 0
+    assert [e.id for e in handler.events] == [d.event_id for d in sender.deliveries]
+    expected_store = None if options.get("store_key", "store") is None else "acme.example"
+    assert {e.store for e in handler.events} == {expected_store}
