@@ -25,13 +25,19 @@ never passed to any of these constructors, and no exception of the HTTP library 
 (aiohttp's carry the request, headers and all, in their arguments), only a description of it. An
 answer that echoes the token (a server's message, a proxy's error page, a Location) gives an error
 built from the answer with the token as ``***``.
+
+Every attribute of every error prints and serialises (``repr``, ``str``, ``json.dumps(...,
+default=str)``, ``repr(vars(error))``) and every error pickles, whatever the server sent: what an
+error keeps of a response's JSON body is cut at ``BODY_MAX_DEPTH`` levels of nesting (see
+``APIError``), so a logger or an error tracker never fails while reporting the failure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
+
+from ._frozen import FrozenMap
 
 __all__ = [
     "APIError",
@@ -50,6 +56,12 @@ __all__ = [
 
 #: How much of a response body an error keeps for its message (characters).
 BODY_EXCERPT_CHARS = 200
+#: Levels of nesting an error keeps of a JSON body (the body itself is the first). Printing,
+#: encoding or pickling a value recurses once per level, and Python's recursion limit (1000
+#: frames, some already taken by whoever reports the error) is hit by bodies a server can send.
+BODY_MAX_DEPTH: Final = 32
+#: What stands for each list or object nested deeper than ``BODY_MAX_DEPTH``.
+CUT_MARKER: Final = f"<nested deeper than {BODY_MAX_DEPTH} levels: not kept>"
 
 
 def excerpt(body: bytes | str | None, limit: int = BODY_EXCERPT_CHARS) -> str:
@@ -61,6 +73,27 @@ def excerpt(body: bytes | str | None, limit: int = BODY_EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def capped(value: Any, levels: int = BODY_MAX_DEPTH) -> Any:
+    """``value`` (decoded JSON) with every list or dict nested deeper than ``levels`` replaced
+    by ``CUT_MARKER``; lists and dicts are copied, everything else kept as it is."""
+    if isinstance(value, dict):
+        if levels <= 0:
+            return CUT_MARKER
+        return {key: capped(item, levels - 1) for key, item in value.items()}
+    if isinstance(value, list):
+        if levels <= 0:
+            return CUT_MARKER
+        return [capped(item, levels - 1) for item in value]
+    return value
+
+
+def _rebuild(cls: type[AsyncSubsError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class AsyncSubsError(Exception):
     """Base class of every asyncsubs error.
 
@@ -70,6 +103,11 @@ class AsyncSubsError(Exception):
     """
 
     attempts: int = 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its arguments and attributes: BaseException's way, calling the class with
+        # the arguments alone, cannot pass the keyword-only ones most subclasses require.
+        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
 class ConfigError(AsyncSubsError, ValueError):
@@ -131,7 +169,10 @@ class ProtocolError(AsyncSubsError):
 class APIError(AsyncSubsError):
     """The server answered with an error (non-2xx status, or ``success`` false).
 
-    ``body`` is the decoded JSON body when it was JSON, else a short excerpt of the text.
+    ``body`` is the decoded JSON body when it was JSON, else a short excerpt of the text. Of
+    JSON, ``BODY_MAX_DEPTH`` (32) levels of nesting are kept: each list or object deeper than
+    that is replaced by the string ``CUT_MARKER`` (``"<nested deeper than 32 levels: not
+    kept>"``), so the error prints, serialises and pickles whatever the server sent.
     ``headers`` are the response's headers (names lower-cased; nothing of the request's), and
     ``request_id`` the server's id for the request (``X-Request-Id`` or a similar header) when it
     sent one: what the service's support asks for. ``retry_after`` is the wait in seconds its
@@ -156,10 +197,10 @@ class APIError(AsyncSubsError):
         self.status = status
         self.code = code
         self.message = server_message
-        self.body = body
+        self.body = capped(body)
         self.method = method
         self.path = path
-        self.headers: Mapping[str, str] = MappingProxyType({}) if headers is None else headers
+        self.headers: Mapping[str, str] = FrozenMap(headers)
         self.request_id = request_id
         self.retry_after = retry_after
 

@@ -1,10 +1,13 @@
 """Hostile servers for tests: one that answers with raw bytes (HTTP or not), one that speaks TLS
-with a certificate nobody trusts; and a check that a secret appears nowhere in an exception."""
+with a certificate nobody trusts; a check that a secret appears nowhere in an exception, and one
+that an exception prints and serialises however it is reported."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import pickle
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -12,6 +15,8 @@ from typing import Any
 import trustme
 from aiohttp import web
 from app_server import serving
+
+from asyncsubs.errors import AsyncSubsError
 
 
 class WireServer:
@@ -103,3 +108,28 @@ def places_holding(exc: BaseException, secret: str) -> list[str]:
             if linked is not None:
                 chain.append((f"{where}.{link}", linked))
     return found
+
+
+def assert_printable(exc: BaseException) -> None:
+    """``exc`` and every exception chained to it, and each of their attributes, survive what a
+    logger or an error tracker does with them: ``str``, ``repr``, ``repr(vars(...))`` and
+    ``json.dumps(..., default=str)``; and an asyncsubs error a pickle round trip that keeps
+    every attribute."""
+    seen: set[int] = set()
+    chain: list[BaseException] = [exc]
+    while chain:
+        current = chain.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        str(current)
+        repr(current)
+        attributes = vars(current)
+        repr(attributes)
+        json.dumps(attributes, default=str)
+        json.dumps([str(current), list(current.args)], default=str)
+        if isinstance(current, AsyncSubsError):
+            copy = pickle.loads(pickle.dumps(current))
+            assert type(copy) is type(current)
+            assert (copy.args, vars(copy)) == (current.args, attributes)
+        chain.extend(e for e in (current.__cause__, current.__context__) if e is not None)

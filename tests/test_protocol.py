@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import email.utils
+import json
+import pickle
 import string
 from urllib.parse import quote
 
@@ -337,6 +339,33 @@ def test_error_body_nested_beyond_the_recursion_limit_is_an_api_error(field: str
     assert str(info.value).startswith("GET x: HTTP 400")
     shallow = parse_response("GET", "x", raw(200, {"success": True, "code": {"a": [1]}}))
     assert shallow.code == '{"a":[1]}'
+
+
+def test_an_error_keeps_32_levels_of_a_deep_body_and_marks_the_cut() -> None:
+    deep = b"[" * 1_000 + b"]" * 1_000
+    body = b'{"success": false, "code": "X", "data": %s, "kept": [[1]]}' % deep
+    with pytest.raises(errors.BadRequestError) as info:
+        parse_response("GET", "x", raw(400, body, {"x-request-id": "r-1"}))
+    kept = info.value.body
+    assert (kept["code"], kept["kept"]) == ("X", [[1]])
+    level, depth = kept, 1
+    while isinstance(level, dict | list):
+        level = level["data"] if isinstance(level, dict) else level[0]
+        depth += 1
+    assert (level, depth) == (errors.CUT_MARKER, errors.BODY_MAX_DEPTH + 1)
+    assert "32" in errors.CUT_MARKER
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (type(copy), copy.args, vars(copy)) == (
+        type(info.value),
+        info.value.args,
+        vars(info.value),
+    )
+    assert (
+        json.loads(json.dumps(vars(info.value), default=str))["headers"]
+        == "{'x-request-id': 'r-1'}"
+    )
+    shallow = {"errors": [{"field": {"path": ["a", {"b": [1]}]}}]}
+    assert errors.APIError("m", status=400, body=shallow).body == shallow
 
 
 def test_errors_and_responses_carry_response_headers_and_request_id() -> None:

@@ -7,7 +7,6 @@ autouse ``no_retry_waits`` fixture, so no test waits out a backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import socket
 import ssl
@@ -19,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from app_server import serving
-from hostile import WireServer, places_holding, untrusted_tls_server
+from hostile import WireServer, assert_printable, places_holding, untrusted_tls_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -261,11 +260,41 @@ _envelopes = st.fixed_dictionaries(
         ),
     },
 )
+
+
+def _nested(depth: int, shape: str) -> bytes:
+    """A JSON value ``depth`` levels deep: lists, objects, or both in turn."""
+    if shape == "lists":
+        return b"[" * depth + b"]" * depth
+    if shape == "objects":
+        return b'{"a":' * depth + b"1" + b"}" * depth
+    pairs, odd = divmod(depth, 2)
+    return b'[{"a":' * pairs + b"[]" * odd + b"}]" * pairs
+
+
+#: JSON nested about as deep as the parser allows (orjson: 1024 levels) and beyond, where an
+#: error's body would overflow the recursion limit of whoever prints it; alone, or under a key
+#: of an error envelope or a page.
+_deep_bodies = st.builds(
+    lambda depth, shape, place: place.replace(b"DEEP", _nested(depth, shape)),
+    st.one_of(st.sampled_from([33, 999, 1000, 1023, 1024, 1100]), st.integers(1, 1100)),
+    st.sampled_from(["lists", "objects", "mixed"]),
+    st.sampled_from(
+        [
+            b"DEEP",
+            b'{"success": false, "code": "BAD_REQUEST", "errors": DEEP}',
+            b'{"success": false, "message": DEEP, "code": DEEP}',
+            b'{"success": true, "data": [DEEP], "pageInfo": {"hasNextPage": false}}',
+            b'{"success": false, "data": DEEP, "n": 18446744073709551617}',
+        ]
+    ),
+)
 _bodies = st.one_of(
     st.binary(max_size=64),
     st.sampled_from([b"[-9223372036854775809]", b'{"success": true, "data": [1e999]}', b"\xff"]),
     _envelopes,
     _json_values.map(lambda v: v if isinstance(v, dict | list) else [v]),
+    _deep_bodies,
 )
 _headers = st.fixed_dictionaries(
     {},
@@ -277,8 +306,9 @@ _headers = st.fixed_dictionaries(
 
 
 def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
-    """Generated statuses, bodies and headers: every call ends, within its timeout, either
-    with a result or an asyncsubs error; nothing else escapes."""
+    """Generated statuses, bodies (JSON nested a thousand deep among them) and headers: every
+    call ends, within its timeout, either with a result or an asyncsubs error, which prints,
+    serialises and pickles with every attribute; nothing else escapes."""
     loop = asyncio.new_event_loop()
     server = FakeAdminServer(stores=[FakeStoreConfig("h", records=3)], rate_limits=None)
     loop.run_until_complete(server.start())
@@ -316,8 +346,10 @@ def test_hostile_responses_raise_only_asyncsubs_errors() -> None:
         if status == 204:
             body = None
         server.enqueue(status, body, headers, times=None)
-        with contextlib.suppress(errors.AsyncSubsError):
+        try:
             loop.run_until_complete(asyncio.wait_for(one_call(kind), timeout=10))
+        except errors.AsyncSubsError as exc:
+            assert_printable(exc)
 
     try:
         check()
@@ -463,13 +495,15 @@ async def test_head_with_a_large_content_length_has_no_body_to_refuse(
     assert wire.requests[0].startswith(b"HEAD ")
 
 
-_DEEP = b"[" * 1_000 + b"]" * 1_000
+_DEEP = _nested(1_000, "lists")
 _wire_bodies = st.one_of(
     _bodies.map(lambda b: b if isinstance(b, bytes) else _json.dumps(b)),
     st.sampled_from(
         [
             b'{"success": false, "code": ' + _DEEP + b', "message": ' + _DEEP + b"}",
             b'{"success": true, "data": [' + _DEEP + b"]}",
+            b'{"success": false, "code": "X", "errors": ' + _nested(1_000, "mixed") + b"}",
+            _nested(700, "objects"),
             b'{"success": true, "data": [{"id": 18446744073709551617}],'
             b' "pageInfo": {"hasNextPage": true, "nextCursor": "c"}}',
             b'{"success": true, "data": [], "pageInfo": {"hasNextPage": true, "nextCursor": "c"}}',
@@ -533,7 +567,8 @@ def _framed(body: bytes, framing: str, encoding: str | None) -> tuple[list[bytes
 
 def test_wire_level_hostile_answers_raise_only_asyncsubs_errors_without_the_token() -> None:
     """Generated raw answers (status lines, headers, framings, encodings, bodies): every call
-    ends in time with a value or an asyncsubs error, and no error holds the token anywhere."""
+    ends in time with a value or an asyncsubs error, no error holds the token anywhere, and
+    every error prints, serialises and pickles with every attribute."""
     loop = asyncio.new_event_loop()
     wire = WireServer(lambda _: b"")
     loop.run_until_complete(wire.__aenter__())
@@ -586,6 +621,7 @@ def test_wire_level_hostile_answers_raise_only_asyncsubs_errors_without_the_toke
             failure = exc
         if failure is not None:
             assert places_holding(failure, CANARY) == []
+            assert_printable(failure)
 
     try:
         check()

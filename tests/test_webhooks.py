@@ -40,8 +40,8 @@ from asyncsubs.webhooks import (
     signature_header_value,
     supersedes,
 )
-from asyncsubs.webhooks._config import timestamp_within
 from asyncsubs.webhooks._events import DedupeWindow, parse_event
+from asyncsubs.webhooks._signing import timestamp_within
 
 SECRET = "whsec-test-0123456789"
 RESOURCES = ("subscriptions", "customers", "orders")
@@ -312,12 +312,13 @@ async def test_unparseable_bodies_are_400_after_the_signature_check(started: Sta
         orjson.dumps({"id": "number-topic", "topic": 5}),
     ):
         status, answer = await post(body)
-        assert (status, answer) == (400, {"status": "bad request"}), body
+        assert (status, answer) == (400, {"status": "bad request", "reason": "not_an_event"}), body
     # Signature first: an unsigned bad body says nothing about parsing.
     assert (await post(b"{not json", signature=None))[0] == 401
     await receiver.join()
     assert handler.calls == 0
     assert receiver.stats.bad_request == 6
+    assert receiver.stats.refusals == {"not_an_event": 6, "no_signature": 1}
 
 
 async def test_oversized_bodies_are_refused_with_or_without_a_length(
@@ -381,28 +382,34 @@ async def test_unsigned_headers_decide_nothing(started: Start) -> None:
     assert [(e.id, e.is_delete) for e in handler.events] == [("real", False), ("next", False)]
 
 
-async def test_a_receiver_bound_to_a_store_refuses_other_stores_deliveries(
+async def test_a_store_not_said_to_share_its_secret_refuses_only_other_stores_bodies(
     started: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One secret shared by two stores: a genuine delivery for globex re-posted to acme's
-    receiver is refused (403), and the refusal names the store."""
+    """Sharing not said: a genuine delivery naming globex re-posted to acme's receiver is
+    refused (403, naming both), one naming no store is acme's (its URL and secret say so)."""
     handler = Recorder()
     receiver, post = await started(handler, store="acme")
     globex = orjson.loads(event_body("g-1", topic="subscriptions/delete"))
     globex["store"] = "globex"
     nameless = orjson.loads(event_body("n-1"))
     del nameless["store"]
-    assert (await post(orjson.dumps(globex)))[0] == 403
-    assert (await post(orjson.dumps(nameless)))[0] == 403
+    assert await post(orjson.dumps(globex)) == (
+        403,
+        {"status": "wrong store", "reason": "wrong_store"},
+    )
+    assert (await post(orjson.dumps(nameless)))[0] == 200
     assert (await post(event_body("a-1")))[0] == 200
     assert (await post(b"{}", signature="00"))[0] == 401
     await receiver.join()
-    assert [e.id for e in handler.events] == ["a-1"]
-    assert receiver.stats.unauthorized == 3
-    assert "webhook delivery for store acme refused: its body names store 'globex'" in caplog.text
-    assert "for store acme refused: missing or invalid signature" in caplog.text
-    with pytest.raises(ConfigError):
-        WebhookReceiver(WebhookConfig(SECRET, store_key=None), handler, store="acme")
+    assert [e.id for e in handler.events] == ["n-1", "a-1"]
+    assert receiver.stats.unauthorized == 2
+    assert receiver.stats.refusals == {"wrong_store": 1, "bad_signature": 1}
+    assert "for store acme refused: its signed body names store 'globex' in 'store'" in caplog.text
+    assert "for store acme refused: no signature in X-Service-Signature matches" in caplog.text
+    with pytest.raises(ConfigError, match="store_id needs store_key"):
+        WebhookConfig(SECRET, store_key=None, store_id="acme")
+    with pytest.raises(ConfigError, match="shared_secret=True needs store_id"):
+        WebhookConfig(SECRET, shared_secret=True)
 
 
 def test_a_topic_that_is_not_a_string_is_a_bad_request() -> None:

@@ -13,6 +13,10 @@ The interface leaves the webhook format open; this is the format the fake sends 
      "createdAt": "2026-01-02T03:04:05Z", "data": {<the whole record after the change>}}
 
 Topics are ``<resource>/<create|update|delete>``; a delete carries the record's last state.
+Real services differ, and the sender can play them: ``scheme`` signs as the timestamped scheme
+(``t=<unix>,v1=<hex>``) or as Standard Webhooks (``webhook-id``, ``webhook-timestamp``,
+``webhook-signature``), with every secret while one is rotated; ``store_key=None`` leaves the
+store out of the body, and ``store_ids`` names stores as the service would (a shop domain).
 """
 
 from __future__ import annotations
@@ -24,15 +28,16 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from typing import Final, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Literal
 
 import aiohttp
 import attrs
 import orjson
 
 from .._retry import waiting_enabled
-from ..webhooks._config import Encoding, signature_header_value
+from ..webhooks._config import WebhookConfig
+from ..webhooks._signing import Encoding, Scheme, signed_headers
 from ._data import iso
 from ._store import ChangeEvent, FakeStore
 
@@ -87,8 +92,13 @@ class WebhookSender:
     - ``max_attempts``/``backoff``/``backoff_max``: a 408/429/5xx answer or a connection error
       is retried (backoff doubles from ``backoff`` seconds; none under ``no_waiting()``); any
       other non-2xx answer fails the delivery at once.
-    - Signing: ``signature_header``, ``encoding`` (``"hex"``/``"base64"``), ``algorithm``,
-      ``signature_prefix``, as ``WebhookConfig`` reads them. ``secret`` never appears in reprs.
+    - Signing: ``scheme`` (``"hmac"``, ``"timestamped"``, ``"standard-webhooks"``),
+      ``previous_secrets`` (each secret signs too, as during a rotation), ``signature_header``,
+      ``encoding`` (``"hex"``/``"base64"``), ``algorithm``, ``signature_prefix``,
+      ``timestamp_header``, as ``WebhookConfig`` reads them (unset: the scheme's defaults).
+      Signed timestamps are the real time at each attempt. ``secret`` never appears in reprs.
+    - The body names the store in ``store_key`` (None: not at all), as ``store_ids[store]``
+      when given, else by the store's name.
     - Deliveries are sent one at a time, in change order. At most ``max_pending`` wait; beyond
       that new events are dropped (and counted) rather than growing memory without bound.
     """
@@ -105,10 +115,15 @@ class WebhookSender:
         backoff: float = 0.05,
         backoff_max: float = 1.0,
         timeout: float = 10.0,
-        signature_header: str = "X-Service-Signature",
-        encoding: Encoding = "hex",
+        scheme: Scheme = "hmac",
+        previous_secrets: Iterable[str | bytes] = (),
+        signature_header: str | None = None,
+        encoding: Encoding | None = None,
         algorithm: str = "sha256",
         signature_prefix: str = "",
+        timestamp_header: str | None = None,
+        store_key: str | None = "store",
+        store_ids: Mapping[str, str] | None = None,
         max_pending: int = 100_000,
         history_size: int = 100_000,
         session: aiohttp.ClientSession | None = None,
@@ -119,16 +134,27 @@ class WebhookSender:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         self.url = url
-        self._secret = secret.encode() if isinstance(secret, str) else bytes(secret)
+        # The scheme's defaults for what is not given, as a receiver's WebhookConfig has them.
+        given: dict[str, Any] = {
+            "signature_header": signature_header,
+            "encoding": encoding,
+            "timestamp_header": timestamp_header,
+        }
+        self._signing = WebhookConfig(
+            secret,
+            previous_secrets=previous_secrets,
+            scheme=scheme,
+            algorithm=algorithm,
+            signature_prefix=signature_prefix,
+            **{name: value for name, value in given.items() if value is not None},
+        )
+        self.store_key = store_key
+        self.store_ids = dict(store_ids or {})
         self.drop_fraction = drop_fraction
         self.max_attempts = max_attempts
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.timeout = timeout
-        self.signature_header = signature_header
-        self.encoding: Encoding = encoding
-        self.algorithm = algorithm
-        self.signature_prefix = signature_prefix
         self._drop_rng = random.Random(f"{seed}|webhook-drops")
         self._id_rng = random.Random(f"{seed}|webhook-ids")
         self._clock = clock
@@ -210,16 +236,12 @@ class WebhookSender:
         """(event id, topic, body) for a change."""
         event_id = self._event_id()
         topic = f"{event.resource}/{_ACTIONS[event.kind]}"
-        body = orjson.dumps(
-            {
-                "id": event_id,
-                "topic": topic,
-                "store": event.store,
-                "createdAt": iso(self._clock()),
-                "data": dict(event.record),
-            }
-        )
-        return event_id, topic, body
+        payload: dict[str, Any] = {"id": event_id, "topic": topic}
+        if self.store_key is not None:
+            payload[self.store_key] = self.store_ids.get(event.store, event.store)
+        payload["createdAt"] = iso(self._clock())
+        payload["data"] = dict(event.record)
+        return event_id, topic, orjson.dumps(payload)
 
     def __call__(self, event: ChangeEvent) -> None:
         """The store listener: called synchronously on every change."""
@@ -266,18 +288,16 @@ class WebhookSender:
             "Content-Type": "application/json",
             "X-Service-Event-Id": pending.event_id,
             "X-Service-Topic": pending.topic,
-            self.signature_header: signature_header_value(
-                self._secret,
-                pending.body,
-                algorithm=self.algorithm,
-                encoding=self.encoding,
-                prefix=self.signature_prefix,
-            ),
         }
         status: int | None = None
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         for attempt in range(1, self.max_attempts + 1):
             self.stats.attempts += 1
+            headers.update(
+                signed_headers(
+                    self._signing, pending.body, timestamp=time.time(), event_id=pending.event_id
+                )
+            )
             try:
                 async with self._session.post(
                     self.url, data=pending.body, headers=headers, timeout=timeout

@@ -1,44 +1,31 @@
-"""Webhook receiver configuration and the signature scheme.
+"""Webhook receiver configuration: the signature scheme, the event's shape, the store binding and
+the delivery limits.
 
 The interface does not say how deliveries are signed, so every choice the sender makes is a
 setting here. The default is the most common scheme: HMAC-SHA256 of the raw body with a shared
-secret, hex-encoded, in one header.
+secret, hex-encoded, in one header; the timestamped scheme and Standard Webhooks are one setting
+away (``scheme``, see ``_signing``).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
-import math
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final
 
 import attrs
 
 from .._config import positive_int, positive_number
 from .._frozen import FrozenMap
 from ..errors import ConfigError
+from ._signing import SCHEMES, Encoding, Scheme, signing_key
 
-__all__ = [
-    "DEFAULT_RESOURCE_ALIASES",
-    "Encoding",
-    "WebhookConfig",
-    "decode_signature",
-    "sign",
-    "signature_header_value",
-    "signed_bytes",
-    "timestamp_within",
-    "verify",
-]
+__all__ = ["DEFAULT_RESOURCE_ALIASES", "WebhookConfig"]
 
-Encoding = Literal["hex", "base64"]
 _ENCODINGS: Final = ("hex", "base64")
 _HEADER_RE: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_EPOCH_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 #: Singular topic nouns ("subscription.updated") mapped to the list endpoint they belong to.
 DEFAULT_RESOURCE_ALIASES: Mapping[str, str] = FrozenMap(
@@ -85,34 +72,64 @@ def _aliases(value: object) -> Mapping[str, str]:
     return FrozenMap(value)
 
 
+def _by_scheme(hmac_value: Any, timestamped: Any, standard: Any) -> Any:
+    """A default that depends on the config's ``scheme`` (declared before it)."""
+    values = {"hmac": hmac_value, "timestamped": timestamped, "standard-webhooks": standard}
+    return attrs.Factory(lambda self: values.get(self.scheme, hmac_value), takes_self=True)
+
+
 @attrs.frozen
 class WebhookConfig:
-    """How deliveries are verified, parsed, deduplicated, queued and retried.
+    """How deliveries are verified, parsed, bound to their store, deduplicated, queued and
+    retried.
 
-    Signing (defaults: HMAC-SHA256 over the raw body, hex, header ``X-Service-Signature``):
+    Signing (``scheme``; see docs/webhooks.md for each scheme's one-line configuration):
 
-    - ``secret``: the shared secret (str or bytes); never logged and not in the repr.
-    - ``previous_secrets``: also accepted, for rotating the secret without losing deliveries.
-    - ``signature_header``, ``encoding`` (``"hex"`` or ``"base64"``; base64url accepted too),
-      ``algorithm`` (a ``hashlib`` name HMAC can use: ``"sha256"``, ``"sha1"``, ``"sha512"``),
-      ``signature_prefix`` (e.g. ``"sha256="``). A header may carry several comma-separated
+    - ``secret``: the shared secret (str or bytes) as the service shows it (for Standard
+      Webhooks the ``whsec_<base64>`` text); never logged and not in the repr.
+    - ``previous_secrets``: also accepted, for rotating the secret without losing deliveries
+      (a sender with several signs with each: ``signed_headers``).
+    - ``scheme``: ``"hmac"`` (default: an HMAC of the raw body), ``"timestamped"`` (one header
+      ``t=<unix>,v1=<hex>``, signed ``"<t>." + body``: Stripe's scheme) or
+      ``"standard-webhooks"`` (``webhook-id``, ``webhook-timestamp``, ``webhook-signature``;
+      signed ``"<id>.<timestamp>." + body``; the id is the event id).
+    - ``signature_header`` (default ``X-Service-Signature``; ``webhook-signature`` for Standard
+      Webhooks), ``encoding`` (``"hex"``, or ``"base64"``, base64url accepted too; Standard
+      Webhooks: base64), ``algorithm`` (a ``hashlib`` name HMAC can use: ``"sha256"``,
+      ``"sha1"``, ``"sha512"``; Standard Webhooks: sha256), ``signature_prefix`` (``hmac``
+      only, e.g. ``"sha256="``). An ``hmac`` header may carry several comma-separated
       signatures; one matching is enough.
-    - ``timestamp_header``: off by default. When set, a delivery must carry that header (epoch
-      seconds in ASCII digits, or ISO-8601 with a zone) within ``timestamp_tolerance`` seconds
-      of now, and the signed bytes are ``b"<timestamp>." + body``: replay protection only
-      holds when the timestamp is signed, so an unsigned one is not an option.
+    - ``timestamp_header``: ``hmac``: off by default; when set, a delivery must carry that
+      header (epoch seconds in ASCII digits, or ISO-8601 with a zone), and the signed bytes are
+      ``b"<timestamp>." + body``: replay protection only holds when the timestamp is signed, so
+      an unsigned one is not an option. Standard Webhooks: ``webhook-timestamp``;
+      ``id_header``: ``webhook-id`` (both renamable, e.g. ``svix-timestamp``, ``svix-id``).
+    - ``timestamp_tolerance``: seconds a signed timestamp may be from now, either way (300).
 
     Parsing (the JSON body must be an object; everything else is a 400). Everything that
-    decides what a delivery does comes from the signed body, never from an unsigned header:
+    decides what a delivery does comes from what is signed, never from an unsigned header:
 
-    - ``event_id_key``: the delivery's event id; absent, a SHA-256 of the body stands in
-      (identical replays are still caught).
+    - ``event_id_key``: the delivery's event id (Standard Webhooks: the signed ``webhook-id``
+      instead); absent, a SHA-256 of the body stands in (identical replays are still caught).
     - ``topic_key``: e.g. ``"subscriptions/update"``, a string; required. It splits at its last
       ``/`` or ``.`` into resource and action; singular resources map through
       ``resource_aliases``.
     - ``data_key``: the record (None: the whole payload is the record); ``record_id_key`` in it.
-    - ``created_at_key``, ``store_key``: optional fields copied onto the event.
+    - ``created_at_key``: optional, copied onto the event; ``store_key``: the field naming the
+      store (a string or an integer), copied onto the event.
     - ``delete_actions``: actions that mean the record is gone.
+
+    The store (see docs/webhooks.md, "Stores"):
+
+    - ``store_id``: the value the service sends in ``store_key`` for the store this config
+      serves (a service may name a store by its shop domain, not by your name for it). Set, a
+      delivery whose signed body does not carry it is refused (403).
+    - ``shared_secret``: True when this secret also signs other stores' deliveries; then
+      ``store_id`` is required, as a delivery for another store could otherwise be replayed to
+      this store's URL. False: the secret is this store's own, its URL and signature identify
+      the store, and the body need not name it. None (not said): a body naming a store in
+      ``store_key`` must name the receiver's ``store``; one naming none is accepted.
+      ``resolve_store_binding`` says it for several stores at once from their secrets.
 
     Delivery:
 
@@ -126,11 +143,19 @@ class WebhookConfig:
     previous_secrets: tuple[bytes, ...] = attrs.field(
         default=(), converter=_secrets, repr=False, kw_only=True
     )
-    signature_header: str = attrs.field(default="X-Service-Signature", kw_only=True)
-    encoding: Encoding = attrs.field(default="hex", kw_only=True)
+    # Declared before the settings whose defaults depend on it.
+    scheme: Scheme = attrs.field(default="hmac", kw_only=True)
+    signature_header: str = attrs.field(
+        default=_by_scheme("X-Service-Signature", "X-Service-Signature", "webhook-signature"),
+        kw_only=True,
+    )
+    encoding: Encoding = attrs.field(default=_by_scheme("hex", "hex", "base64"), kw_only=True)
     algorithm: str = attrs.field(default="sha256", kw_only=True)
     signature_prefix: str = attrs.field(default="", kw_only=True)
-    timestamp_header: str | None = attrs.field(default=None, kw_only=True)
+    timestamp_header: str | None = attrs.field(
+        default=_by_scheme(None, None, "webhook-timestamp"), kw_only=True
+    )
+    id_header: str | None = attrs.field(default=_by_scheme(None, None, "webhook-id"), kw_only=True)
     timestamp_tolerance: float = attrs.field(default=300.0, kw_only=True)
 
     event_id_key: str | None = attrs.field(default="id", kw_only=True)
@@ -148,6 +173,9 @@ class WebhookConfig:
         default=None, converter=_aliases, kw_only=True
     )
 
+    store_id: str | None = attrs.field(default=None, kw_only=True)
+    shared_secret: bool | None = attrs.field(default=None, kw_only=True)
+
     max_body_bytes: int = attrs.field(default=1024 * 1024, kw_only=True)
     dedupe_window: float = attrs.field(default=3600.0, kw_only=True)
     dedupe_max_entries: int = attrs.field(default=100_000, kw_only=True)
@@ -159,31 +187,14 @@ class WebhookConfig:
     handler_backoff_max: float = attrs.field(default=30.0, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        if self.encoding not in _ENCODINGS:
-            raise ConfigError(f"encoding must be 'hex' or 'base64', got {self.encoding!r}")
-        if (
-            not isinstance(self.algorithm, str)
-            or self.algorithm not in hashlib.algorithms_available
-        ):
-            raise ConfigError(f"algorithm must be a hashlib algorithm, got {self.algorithm!r}")
-        try:
-            # Some hashlib names (shake_128, shake_256, ...) cannot key an HMAC: every delivery
-            # would then fail in verify(), so they are refused here.
-            hmac.new(b"k", b"", self.algorithm)
-        except (ValueError, TypeError):
-            raise ConfigError(
-                f"algorithm must be usable with HMAC, got {self.algorithm!r}"
-            ) from None
-        _header("signature_header", self.signature_header, optional=False)
-        _header("timestamp_header", self.timestamp_header, optional=True)
+        self._check_signing()
+        self._check_binding()
         for name in ("event_id_key", "data_key", "created_at_key", "store_key"):
             _key(name, getattr(self, name))
         if self.topic_key is None:
             raise ConfigError("topic_key is required: events are routed by their signed topic")
         _key("topic_key", self.topic_key)
         _key("record_id_key", self.record_id_key)
-        if not isinstance(self.signature_prefix, str):
-            raise ConfigError("signature_prefix must be a string")
         for name in ("timestamp_tolerance", "dedupe_window"):
             positive_number(name, getattr(self, name))
         for name in ("handler_backoff_initial", "handler_backoff_max"):
@@ -200,102 +211,80 @@ class WebhookConfig:
         ):
             positive_int(name, getattr(self, name))
 
+    def _check_signing(self) -> None:
+        scheme = self.scheme
+        if scheme not in SCHEMES:
+            raise ConfigError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+        if self.encoding not in _ENCODINGS:
+            raise ConfigError(f"encoding must be 'hex' or 'base64', got {self.encoding!r}")
+        if (
+            not isinstance(self.algorithm, str)
+            or self.algorithm not in hashlib.algorithms_available
+        ):
+            raise ConfigError(f"algorithm must be a hashlib algorithm, got {self.algorithm!r}")
+        try:
+            # Some hashlib names (shake_128, shake_256, ...) cannot key an HMAC: every delivery
+            # would then fail to verify, so they are refused here.
+            hmac.new(b"k", b"", self.algorithm)
+        except (ValueError, TypeError):
+            raise ConfigError(
+                f"algorithm must be usable with HMAC, got {self.algorithm!r}"
+            ) from None
+        if not isinstance(self.signature_prefix, str):
+            raise ConfigError("signature_prefix must be a string")
+        _header("signature_header", self.signature_header, optional=False)
+        _header("timestamp_header", self.timestamp_header, optional=True)
+        _header("id_header", self.id_header, optional=True)
+        if scheme != "hmac" and self.signature_prefix:
+            raise ConfigError(f"signature_prefix is for the hmac scheme, not {scheme}")
+        if scheme != "standard-webhooks" and self.id_header is not None:
+            raise ConfigError(
+                "id_header is for the standard-webhooks scheme, the one that signs the id: "
+                "an unsigned id header would let anyone slip a delivery past the dedupe"
+            )
+        if scheme == "timestamped" and self.timestamp_header is not None:
+            raise ConfigError(
+                "the timestamped scheme reads its timestamp from t= in signature_header; "
+                "timestamp_header is for the hmac scheme"
+            )
+        if scheme == "standard-webhooks":
+            if self.timestamp_header is None or self.id_header is None:
+                raise ConfigError(
+                    "the standard-webhooks scheme needs timestamp_header and id_header"
+                )
+            if (self.encoding, self.algorithm) != ("base64", "sha256"):
+                raise ConfigError("the standard-webhooks scheme signs HMAC-SHA256 in base64")
+            try:
+                self.keys  # noqa: B018 -- decodes each secret: a bad one fails here, not per delivery
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+
+    def _check_binding(self) -> None:
+        _key("store_id", self.store_id)
+        if self.shared_secret not in (None, True, False):
+            raise ConfigError(
+                f"shared_secret must be True, False or None, got {self.shared_secret!r}"
+            )
+        if self.store_id is not None and self.store_key is None:
+            raise ConfigError("store_id needs store_key: the signed field that names the store")
+        if self.shared_secret and (self.store_id is None or self.store_key is None):
+            raise ConfigError(
+                "shared_secret=True needs store_id (the value the service sends for this store "
+                f"in the signed field store_key, {self.store_key!r}): a delivery for another "
+                "store could otherwise be replayed to this store's URL; or give the store a "
+                "secret of its own"
+            )
+
     @property
     def secrets(self) -> tuple[bytes, ...]:
+        """The secrets as given: ``secret``, then ``previous_secrets``."""
         return (self.secret, *self.previous_secrets)
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        """The HMAC keys of ``secrets`` under the scheme (Standard Webhooks: base64-decoded)."""
+        return tuple(signing_key(secret, self.scheme) for secret in self.secrets)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed handler attempt number ``attempt`` (1-based)."""
         return min(self.handler_backoff_max, self.handler_backoff_initial * 2.0 ** (attempt - 1))
-
-
-def timestamp_within(value: str | None, now: float, tolerance: float) -> bool:
-    """True when ``value`` (epoch seconds: ASCII digits, optionally a fraction; or ISO-8601 with
-    a zone) is within ``tolerance`` seconds of ``now``, either way.
-
-    Only ASCII is a timestamp: ``float()`` also takes other scripts' digits, which cannot be
-    signed as ``b"<timestamp>."`` (and ``signed_bytes`` would fail on them)."""
-    if not value or not value.isascii():
-        return False
-    value = value.strip()
-    if _EPOCH_RE.fullmatch(value):
-        stamp = float(value)
-    else:
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            return False
-        if parsed.tzinfo is None:
-            return False
-        stamp = parsed.timestamp()
-    return math.isfinite(stamp) and abs(now - stamp) <= tolerance
-
-
-def signed_bytes(body: bytes, timestamp: str | None) -> bytes:
-    """What is signed: the raw body, or ``b"<timestamp>." + body`` with a timestamp header."""
-    return body if timestamp is None else timestamp.encode("ascii") + b"." + body
-
-
-def sign(secret: str | bytes, body: bytes, *, algorithm: str = "sha256") -> bytes:
-    """The raw HMAC digest of ``body`` (exactly the bytes received) under ``secret``."""
-    return hmac.new(_secret(secret), body, algorithm).digest()
-
-
-def signature_header_value(
-    secret: str | bytes,
-    body: bytes,
-    *,
-    algorithm: str = "sha256",
-    encoding: Encoding = "hex",
-    prefix: str = "",
-) -> str:
-    """The header value a sender puts on a delivery (used by the fake server's sender)."""
-    digest = sign(secret, body, algorithm=algorithm)
-    text = digest.hex() if encoding == "hex" else base64.b64encode(digest).decode("ascii")
-    return prefix + text
-
-
-def decode_signature(text: str, encoding: Encoding) -> bytes | None:
-    """The digest bytes of one signature as sent, or None when it is not valid ``encoding``."""
-    text = text.strip()
-    if not text or not text.isascii():
-        return None
-    try:
-        if encoding == "hex":
-            if len(text) % 2 or not all(c in "0123456789abcdefABCDEF" for c in text):
-                return None
-            return bytes.fromhex(text)
-        # Standard or URL-safe alphabet, padding optional.
-        normal = text.translate(str.maketrans("-_", "+/"))
-        return base64.b64decode(normal + "=" * (-len(normal) % 4), validate=True)
-    except (ValueError, binascii.Error):
-        return None
-
-
-def verify(config: WebhookConfig, header: str | None, signed: bytes) -> bool:
-    """True when one signature in ``header`` matches ``signed`` under one of the secrets.
-
-    Digests are compared in constant time; every candidate is checked against every secret,
-    so timing does not reveal which one (if any) was close.
-    """
-    if not header:
-        return False
-    given: list[bytes] = []
-    for part in header.split(","):
-        part = part.strip()
-        prefix = config.signature_prefix
-        if prefix:
-            if not part.startswith(prefix):
-                continue
-            part = part[len(prefix) :]
-        digest = decode_signature(part, config.encoding)
-        if digest is not None:
-            given.append(digest)
-    if not given:
-        return False
-    ok = False
-    for secret in config.secrets:
-        expected = hmac.new(secret, signed, config.algorithm).digest()
-        for candidate in given:
-            ok |= hmac.compare_digest(expected, candidate)
-    return ok

@@ -21,12 +21,14 @@ __all__ = ["DedupeWindow", "EventParseError", "WebhookEvent", "parse_event", "su
 class WebhookEvent:
     """One delivery, verified and parsed.
 
-    - ``id``: the event id (header or body key; a SHA-256 of the body when the sender sent none).
+    - ``id``: the event id: the body's ``event_id_key``, or the signed ``webhook-id`` of a
+      Standard Webhooks delivery; a SHA-256 of the body when the sender sent none.
     - ``topic``: as sent, e.g. ``"subscriptions/update"``; ``resource`` (``"subscriptions"``) and
       ``action`` (``"update"``) are split from it.
     - ``record``: the record the event carries (a dict), or None; ``record_id`` its id.
     - ``is_delete``: the action is one of ``WebhookConfig.delete_actions``.
-    - ``store``, ``created_at``: from the body when the sender includes them.
+    - ``store`` (``store_key``; an integer becomes its digits), ``created_at``: from the body
+      when the sender includes them.
     - ``received_at``: epoch seconds when the delivery was accepted; ``raw``: the whole body.
     """
 
@@ -64,11 +66,16 @@ def split_topic(topic: str, aliases: Mapping[str, str]) -> tuple[str, str]:
 
 
 def parse_event(
-    config: WebhookConfig, body: bytes, *, received_at: float | None = None
+    config: WebhookConfig,
+    body: bytes,
+    *,
+    received_at: float | None = None,
+    event_id: str | None = None,
 ) -> WebhookEvent:
     """Parse a delivery body (already verified); raises EventParseError.
 
-    Only the body is read: it is what the signature covers, so a captured delivery cannot be
+    Only what the signature covers is read: the body, and ``event_id`` when the scheme signs
+    one outside it (Standard Webhooks' ``webhook-id``), so a captured delivery cannot be
     turned into another event by changing its headers."""
     try:
         payload = _json.loads(body)  # ids beyond 64 bits stay exact
@@ -76,7 +83,8 @@ def parse_event(
         raise EventParseError(f"body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):
         raise EventParseError("body must be a JSON object")
-    event_id = None if config.event_id_key is None else _text(payload.get(config.event_id_key))
+    if event_id is None and config.event_id_key is not None:
+        event_id = _text(payload.get(config.event_id_key))
     if event_id is None:
         # Without an id, identical bodies are the same delivery resent.
         event_id = "sha256:" + hashlib.sha256(body).hexdigest()
@@ -103,7 +111,7 @@ def parse_event(
         record_id=record_id,
         is_delete=action.lower() in config.delete_actions,
         received_at=time.time() if received_at is None else received_at,
-        store=optional(config.store_key),
+        store=None if config.store_key is None else _text(payload.get(config.store_key)),
         created_at=optional(config.created_at_key),
         raw=payload,
     )

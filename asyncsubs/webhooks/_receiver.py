@@ -16,7 +16,8 @@ from aiohttp import web
 
 from .. import _retry
 from ..errors import ConfigError
-from ._config import WebhookConfig, signed_bytes, timestamp_within, verify
+from ._binding import check_store
+from ._config import WebhookConfig
 from ._dead_letters import (
     DeadLetter,
     DeadLetterStore,
@@ -26,6 +27,8 @@ from ._dead_letters import (
 from ._events import DedupeWindow, EventParseError, WebhookEvent, parse_event
 from ._inbox import Inbox, InboxEntry
 from ._listener import BodyBudget, GuardedConnection, Listener, ListenerLimits, guarded
+from ._refusals import DeliveryRefused, Refusal
+from ._signing import verify_delivery
 
 __all__ = ["Handler", "ReceiverStats", "WebhookReceiver"]
 
@@ -43,7 +46,9 @@ class ReceiverStats:
     exactly one of accepted, duplicates, unauthorized (bad signature or timestamp: 401; signed
     for another store: 403), bad_request, too_large, unavailable (queue or body budget full,
     inbox not writable, or closing), disconnected (the client went away mid-body) or errors
-    (unexpected, answered 500). ``resumed`` counts events queued from the inbox on start or
+    (unexpected, answered 500). ``refusals`` splits unauthorized and bad_request by reason: a
+    ``Refusal`` value (``"bad_signature"``, ``"wrong_store"``, ...) -> deliveries refused for
+    it; ``refused`` is their sum. ``resumed`` counts events queued from the inbox on start or
     requeued from the dead letters; ``unsaved`` dead letters kept only in memory because the
     dead-letter store failed (lost if the process ends). Accepted or resumed, and neither
     handled nor dead-lettered: still to do (kept in the inbox, if there is one)."""
@@ -62,6 +67,13 @@ class ReceiverStats:
     dead_lettered: int = 0
     resumed: int = 0
     unsaved: int = 0
+    refusals: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def refused(self) -> int:
+        """Deliveries refused as not genuine or not for this store (401, 403) or not events
+        (400): the sum of ``refusals``."""
+        return sum(self.refusals.values())
 
     @property
     def unfinished(self) -> int:
@@ -85,10 +97,20 @@ class _Refused(Exception):
         self.reason = reason
 
 
-def _answer(status: int, state: str, headers: dict[str, str] | None = None) -> web.Response:
+_REFUSED_STATES: Final = {401: "unauthorized", 403: "wrong store", 400: "bad request"}
+
+
+def _answer(
+    status: int,
+    state: str,
+    headers: dict[str, str] | None = None,
+    *,
+    reason: str | None = None,
+) -> web.Response:
+    answer = {"status": state} if reason is None else {"status": state, "reason": reason}
     return web.Response(
         status=status,
-        body=orjson.dumps({"status": state}),
+        body=orjson.dumps(answer),
         content_type="application/json",
         headers=headers,
     )
@@ -111,16 +133,21 @@ class WebhookReceiver:
 
     Answers: 200 ``accepted`` (queued; with an ``inbox``, written to it first) or
     ``duplicate`` (seen in the dedupe window, or already in the inbox); 401 missing or bad
-    signature (or timestamp); 403 signed for another store than ``store``; 400 body not an
-    event; 413 body above ``max_body_bytes``; 503 + Retry-After while the queue is full, the
-    inbox cannot be written, or the receiver closes, so the sender retries. An event id enters
-    the dedupe window only once its event is accepted, so a 503'd delivery is not mistaken for
-    a duplicate when it comes again; a copy arriving while the original is written to the
-    inbox waits for that write (200 ``duplicate`` once committed, 503 if it failed).
+    signature, or a signed timestamp missing or out of tolerance; 403 signed for another store;
+    400 body not an event (each refusal's body names its ``Refusal`` as ``reason``; each is
+    counted in ``stats.refusals``, and the first of each reason logged as a WARNING saying
+    what to check); 413 body above ``max_body_bytes``; 503 + Retry-After while the queue is
+    full, the inbox cannot be written, or the receiver closes, so the sender retries. An event
+    id enters the dedupe window only once its event is accepted, so a 503'd delivery is not
+    mistaken for a duplicate when it comes again; a copy arriving while the original is
+    written to the inbox waits for that write (200 ``duplicate`` once committed, 503 if it
+    failed).
 
-    ``store``: the store this receiver serves; a delivery is then accepted only when its
-    signed body names that store (``store_key``), so a delivery for one store cannot be
-    replayed to another that shares its secret. Log lines name it.
+    ``store``: the store this receiver serves: its inbox entries, dead letters and log lines
+    are that store's. Which deliveries are its own follows the config's binding: with
+    ``store_id``, only those whose signed body carries it in ``store_key`` (a secret shared by
+    several stores); with ``shared_secret=False``, all that are signed (a secret of its own);
+    not said, those whose body names this ``store`` or no store at all.
 
     ``inbox``: without one, an accepted event lives in memory until handled, and a crash loses
     it. With one (``SQLiteInbox``), a delivery is acknowledged only once written there; it is
@@ -147,8 +174,6 @@ class WebhookReceiver:
             raise ConfigError("handler must be an async function taking a WebhookEvent")
         if store is not None and (not isinstance(store, str) or not store):
             raise ConfigError(f"store must be a non-empty string or None, got {store!r}")
-        if store is not None and config.store_key is None:
-            raise ConfigError("a receiver bound to a store needs WebhookConfig.store_key")
         if inbox is not None and not isinstance(inbox, Inbox):
             raise ConfigError("inbox must have async add(), pending() and remove()")
         self.config: Final = config
@@ -187,7 +212,7 @@ class WebhookReceiver:
     @property
     def stats(self) -> ReceiverStats:
         """A snapshot of the counters."""
-        return attrs.evolve(self._stats)
+        return attrs.evolve(self._stats, refusals=dict(self._stats.refusals))
 
     @property
     def pending(self) -> int:
@@ -221,7 +246,9 @@ class WebhookReceiver:
             self._seen.add(entry.event_id)
             self._stats.resumed += 1
             try:
-                event = parse_event(self.config, entry.body, received_at=entry.received_at)
+                event = parse_event(
+                    self.config, entry.body, received_at=entry.received_at, event_id=entry.event_id
+                )
             except EventParseError as exc:
                 # Accepted under another configuration: kept as a dead letter, not dropped.
                 letter = self._letter(entry.event_id, None, entry.body, str(exc), entry.attempts)
@@ -385,6 +412,34 @@ class WebhookReceiver:
                 budget.give(len(body))
         return bytes(body)
 
+    def _refuse(self, refused: DeliveryRefused) -> web.Response:
+        """Count the refusal; the first of its reason is a WARNING saying what to check, the
+        next ones DEBUG lines (a sender retrying a thousand deliveries must not flood the log,
+        and the counters say how many)."""
+        refusal = refused.refusal
+        status = refusal.status
+        if status == 400:
+            self._stats.bad_request += 1
+        else:
+            self._stats.unauthorized += 1
+        counts = self._stats.refusals
+        first = refusal.value not in counts
+        counts[refusal.value] = counts.get(refusal.value, 0) + 1
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "webhook delivery%s refused: %s [%s, HTTP %d]. Check %s.%s",
+            self._for,
+            refused.detail,
+            refusal.value,
+            status,
+            refusal.hint,
+            f" Further {refusal.value} refusals are counted in stats.refusals and logged at DEBUG."
+            if first
+            else "",
+            extra={"webhook_store": self.store, "webhook_refusal": refusal.value},
+        )
+        return _answer(status, _REFUSED_STATES[status], reason=refusal.value)
+
     def _busy(self, state: str) -> web.Response:
         return _answer(503, state, {"Retry-After": str(self.config.retry_after)})
 
@@ -415,36 +470,15 @@ class WebhookReceiver:
         if connection is not None:
             connection.request_read()  # read in full: no deadline while it is answered
 
-        timestamp = None
-        if config.timestamp_header is not None:
-            timestamp = request.headers.get(config.timestamp_header)
-            if not timestamp_within(timestamp, self._clock(), config.timestamp_tolerance):
-                self._stats.unauthorized += 1
-                log.warning("webhook delivery%s refused: missing or stale timestamp", self._for)
-                return _answer(401, "unauthorized")
-        if not verify(
-            config, request.headers.get(config.signature_header), signed_bytes(body, timestamp)
-        ):
-            self._stats.unauthorized += 1
-            log.warning("webhook delivery%s refused: missing or invalid signature", self._for)
-            return _answer(401, "unauthorized")
-
         try:
-            event = parse_event(config, body, received_at=self._clock())
-        except EventParseError as exc:
-            self._stats.bad_request += 1
-            log.warning("webhook delivery%s refused: %s", self._for, exc)
-            return _answer(400, "bad request")
-        if self.store is not None and event.store != self.store:
-            # Correctly signed, but for another store (one secret shared by several stores):
-            # accepting it would write that store's record into this one.
-            self._stats.unauthorized += 1
-            log.warning(
-                "webhook delivery%s refused: its body names store %r",
-                self._for,
-                event.store,
-            )
-            return _answer(403, "wrong store")
+            signed_id = verify_delivery(config, request.headers, body, self._clock())
+            try:
+                event = parse_event(config, body, received_at=self._clock(), event_id=signed_id)
+            except EventParseError as exc:
+                raise DeliveryRefused(Refusal.NOT_AN_EVENT, str(exc)) from None
+            check_store(config, self.store, event.store)
+        except DeliveryRefused as refused:
+            return self._refuse(refused)
         return await self._accept(event, body)
 
     async def _accept(self, event: WebhookEvent, body: bytes) -> web.Response:
@@ -639,7 +673,9 @@ class WebhookReceiver:
             if max_attempts is not None and letter.attempts >= max_attempts:
                 continue
             try:
-                event = parse_event(self.config, letter.body, received_at=self._clock())
+                event = parse_event(
+                    self.config, letter.body, received_at=self._clock(), event_id=letter.event_id
+                )
             except EventParseError:
                 log.error("dead letter %s cannot be parsed; left in place", letter.event_id)
                 continue
