@@ -38,8 +38,6 @@ __all__ = [
 FAR_STEP: Final = 2.0
 #: A raise once a refusal is known (a probe) is small: the pool sits just under it.
 NEAR_STEP: Final = 1.05
-#: Below this share of the refused rate a raise halves the way to it instead of a small step.
-FAR_BELOW: Final = 0.8
 #: Windows a rate must run clean before the next raise: one far from any refusal, more near one
 #: (a rate a little above the server's is refused only when the starts happen to bunch).
 NEAR_WINDOWS: Final = 5
@@ -138,13 +136,14 @@ class RateSearch:
 
     - **Raise** after clean time at saturation: a window since the last change (five once a
       refusal is known) and at least two starts that waited for their slot (the pool, not the
-      caller, was the bottleneck; other workers' starts count too, unseen), without a 429 or an
-      announced limit. Far from any refusal it doubles; below 80% of a known refusal it halves
-      the way to it; near one it steps 5% (a probe).
+      caller, was the bottleneck), without a 429 or an announced limit. Far from any refusal
+      it doubles; once one is known it steps 5% (a probe).
     - **429**: at least 5% under the refused rate, no faster than the server evidently allowed
-      in the window before, no faster than halfway back to the last rate that ran clean and never
-      below it; then a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row, before the
-      next raise. A refused rate that later runs clean is forgotten: the server changed.
+      in the window before (the starts this loop saw accepted; fewer than the last clean rate
+      needs means other workers' went unseen, and only halving counts), no faster than halfway
+      back to the last rate that ran clean and never below it; then a hold of ``PROBE_HOLD``
+      s, doubled for each refusal in a row, before the next raise. A refused rate that later
+      runs clean is forgotten: the server changed.
     - **Announced** limits replace the search (``announce``).
     """
 
@@ -194,12 +193,7 @@ class RateSearch:
                 self.refused, self.strikes = None, 0  # the server allows what it refused
         if self.rate >= self.ceiling or now < self.hold_until:
             return False
-        if self.refused is None:
-            rate = self.rate * FAR_STEP
-        elif self.rate < FAR_BELOW * self.refused:
-            rate = (self.rate + self.refused) / 2
-        else:
-            rate = self.rate * NEAR_STEP
+        rate = self.rate * (FAR_STEP if self.refused is None else NEAR_STEP)
         self._set(now, min(self.ceiling, rate), "probe")
         return True
 
@@ -211,7 +205,9 @@ class RateSearch:
         paced = self.rate
         good = self.good if self.good is not None and self.good < paced else None
         rate = paced / (1 + SLOWDOWN_STEP)
-        if allowed is not None:
+        # Fewer starts accepted than a rate that ran clean needs: others' starts went unseen
+        # (other workers), so only the rate that ran clean bounds the server's limit.
+        if allowed is not None and (good is None or allowed >= good):
             rate = min(rate, allowed)
         if good is not None:
             rate = max(good, min(rate, (good + paced) / 2))

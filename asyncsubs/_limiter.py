@@ -366,9 +366,10 @@ class StoreLimiter:
             p.answered.remove(due)  # refused, not accepted
         if due <= p.repaced_at:  # sent before the pool last changed its rate
             return
-        # What the server evidently allowed: the starts it accepted in the window before.
+        # What the server evidently allowed: the starts it accepted in the window before, as a
+        # sliding window counts them (pauses in it change nothing: the server counted these).
         per = p.rate.per
-        accepted = sum(due - per <= answered < due for answered in p.answered)
+        accepted = sum(due - per < answered < due for answered in p.answered)
         search.refused_at(now, accepted / per if accepted else None)
         self._repaced(p, now)
         self._share(p.name)

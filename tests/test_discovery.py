@@ -213,11 +213,14 @@ async def test_probing_never_touches_the_global_pool(clock: VirtualClock) -> Non
 def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_start() -> None:
     search = RateSearch(Discovery(start=Rate(4), ceiling=Rate(50)))
     search.good, search.rate = 8.0, 16.0
-    search.refused_at(0.0, allowed=2.0)  # another worker's starts were not counted
-    assert search.rate == 8.0
-    search.refused_at(1.0, allowed=None)  # the rate that ran clean was refused: not good
+    search.refused_at(0.0, allowed=2.0)  # fewer than 8/s needs: other workers' went unseen
+    assert search.rate == 12.0  # halfway back to the rate that ran clean
+    search.refused_at(1.0, allowed=None)
+    assert search.rate == 10.0
+    search.rate = 8.0
+    search.refused_at(2.0, allowed=None)  # the rate that ran clean was refused: not good
     assert (search.good, search.rate) == (None, pytest.approx(8 / 1.05))
-    for now in range(2, 60):
+    for now in range(3, 60):
         search.refused_at(float(now), allowed=None)
     assert search.rate == 1.0  # a quarter of the start at least
     assert search.hold_until == 59.0 + MAX_HOLD
