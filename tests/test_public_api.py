@@ -109,7 +109,16 @@ def test_webhooks_namespace_is_explicit_and_sorted() -> None:
     assert public == set(webhooks.__all__)
 
 
-@pytest.mark.parametrize("name", ["asyncsubs", "asyncsubs.limiting", "asyncsubs.testing"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "asyncsubs",
+        "asyncsubs.json",
+        "asyncsubs.limiting",
+        "asyncsubs.settings",
+        "asyncsubs.testing",
+    ],
+)
 def test_namespaces_are_explicit_and_sorted(name: str) -> None:
     module = importlib.import_module(name)
     assert module.__all__ == sorted(module.__all__, key=lambda n: (n.startswith("_"), n))
