@@ -13,13 +13,14 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from test_cli import pull_args
+from test_sync import wait_for_progress
 
 from asyncsubs import AdminClient, Rate
 from asyncsubs.__main__ import main
@@ -43,19 +44,7 @@ def server() -> Iterator[FakeAdminServer]:
 
 
 def pull(server: FakeAdminServer, *args: str) -> list[str]:
-    token, url = server.store("acme").token, server.base_url
-    return [
-        "pull",
-        *args,
-        "--base-url",
-        url,
-        "--token",
-        token,
-        "--store",
-        "acme",
-        "--rate",
-        "1000/s",
-    ]
+    return pull_args(server, *args)
 
 
 def test_pull_says_when_the_server_cuts_the_page_size(server: FakeAdminServer, capsys: Any) -> None:
@@ -161,14 +150,26 @@ def sync_config(tmp_path: Path, server: FakeAdminServer, defaults: str = "") -> 
     return config
 
 
+@pytest.fixture
+def synced(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Path]:
+    """Runs ``sync`` of the server's store with the given flags; returns its database."""
+
+    def sync(*args: str) -> Path:
+        monkeypatch.setenv("ACME_TOKEN", server.store("acme").token)
+        db = tmp_path / "subs.db"
+        config = sync_config(tmp_path, server)
+        assert main(["sync", "--config", str(config), "--db", str(db), *args]) == 0
+        return db
+
+    return sync
+
+
 def test_sync_status_shows_an_sqlite_database_too(
-    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    synced: Callable[..., Path], tmp_path: Path, capsys: Any
 ) -> None:
-    monkeypatch.setenv("ACME_TOKEN", server.store("acme").token)
-    db = tmp_path / "subs.db"
-    assert (
-        main(["sync", "--config", str(sync_config(tmp_path, server)), "--db", str(db), "-q"]) == 0
-    )
+    db = synced("-q")
     with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         conn.execute("UPDATE asyncsubs_sync_state SET done = 0 WHERE resource = 'orders'")
     capsys.readouterr()
@@ -182,11 +183,9 @@ def test_sync_status_shows_an_sqlite_database_too(
 
 
 def test_sync_summary_shows_the_achieved_against_the_allowed_rate(
-    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    synced: Callable[..., Path], capsys: Any
 ) -> None:
-    monkeypatch.setenv("ACME_TOKEN", server.store("acme").token)
-    db = tmp_path / "subs.db"
-    assert main(["sync", "--config", str(sync_config(tmp_path, server)), "--db", str(db)]) == 0
+    synced()
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("store "))
     assert "req/s (allowed)" in header
@@ -196,13 +195,9 @@ def test_sync_summary_shows_the_achieved_against_the_allowed_rate(
 
 
 def test_dead_letters_of_a_database_that_never_listened(
-    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    synced: Callable[..., Path], capsys: Any
 ) -> None:
-    monkeypatch.setenv("ACME_TOKEN", server.store("acme").token)
-    db = tmp_path / "subs.db"
-    assert (
-        main(["sync", "--config", str(sync_config(tmp_path, server)), "--db", str(db), "-q"]) == 0
-    )
+    db = synced("-q")
     assert main(["dead-letters", "--db", str(db)]) == 0
     captured = capsys.readouterr()
     assert "webhook_dead_letters" not in captured.out + captured.err
@@ -235,20 +230,6 @@ def test_config_problems_of_the_defaults_are_said_once_and_where_they_belong(
     ]
 
 
-def wait_for_rows(db: Path, proc: subprocess.Popen[bytes], records: int) -> None:
-    """The one bounded wait: poll the database until some pages are committed."""
-    for _ in range(1000):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(sqlite3.Error):
-            with contextlib.closing(sqlite3.connect(db, timeout=1)) as conn:
-                row = conn.execute("SELECT sum(run_records) FROM asyncsubs_sync_state").fetchone()
-            if row[0] is not None and row[0] >= records:
-                return
-        time.sleep(0.01)
-    raise AssertionError(f"no progress in the database (exit code {proc.poll()})")
-
-
 def test_an_interrupted_demo_counts_its_rows_and_its_time(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     proc = subprocess.Popen(
@@ -258,7 +239,7 @@ def test_an_interrupted_demo_counts_its_rows_and_its_time(tmp_path: Path) -> Non
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for_rows(db, proc, 1500)
+        wait_for_progress(db, proc, 1500)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

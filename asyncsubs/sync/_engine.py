@@ -18,7 +18,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any, Final
 
 import attrs
@@ -135,12 +134,7 @@ class SyncEngine:
                 self.limiters[url] = await self._exit.enter_async_context(RedisLimiter(url))
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self._exit.aclose()
 
     def client(self, config: StoreConfig) -> AdminClient:

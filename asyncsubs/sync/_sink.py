@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, Self, TypeVar
 
 import attrs
 
@@ -29,14 +29,19 @@ __all__ = [
     "LeaseLostError",
     "Leases",
     "PageWrite",
+    "RECORD_UPDATE",
     "RESOURCES",
+    "STATE_COLUMNS",
     "STATE_TABLE",
+    "STATE_UPDATE",
     "Sink",
+    "SinkLifetime",
     "UnitState",
     "UnitStatus",
     "json_text",
     "newer",
     "record_columns",
+    "schema",
     "text_value",
 ]
 
@@ -44,6 +49,20 @@ R = TypeVar("R")
 #: The list endpoints a sync stores, one table each.
 RESOURCES: Final = ("subscriptions", "customers", "orders")
 STATE_TABLE: Final = "asyncsubs_sync_state"
+#: The state table's columns ``UnitState.from_row`` reads, in its order.
+STATE_COLUMNS: Final = (
+    "cursor, done, run_params, run_from, next_from, seen_max, run_pages, run_records"
+)
+
+
+def _set_excluded(columns: str) -> str:
+    return ", ".join(f"{column} = excluded.{column}" for column in columns.split(", "))
+
+
+#: What an upsert writes over a record's older row (the sinks' rule says when it is older).
+RECORD_UPDATE: Final = _set_excluded("status, customer_id, created_at, updated_at, raw, synced_at")
+#: What committing a page writes over the unit's state (its run's start is the sink's to keep).
+STATE_UPDATE: Final = _set_excluded(f"{STATE_COLUMNS}, run_finished_at, updated_at")
 DELETED_TABLE: Final = "asyncsubs_deleted"
 #: Seconds a worker's lease on a unit lasts unless renewed: how long a killed worker's units
 #: wait before another worker takes them over.
@@ -67,6 +86,54 @@ class DatabaseError(AsyncSubsError):
 
 class LeaseLostError(Exception):
     """Another worker took this unit over (this one's lease had expired): stop pulling it."""
+
+
+def schema(*, json: str, time: str, flag: str, count: str, big: str) -> list[str]:
+    """The tables both sinks keep, in a database's column types: one per resource (primary key
+    ``(store, id)``, the record as received in ``raw``, typed columns as sent), the units'
+    state, and the ids deleted by webhooks (ids are never reused, so a deleted id stays deleted:
+    without this, a page read just before a delete and committed just after its webhook would
+    bring the record back)."""
+    records = [
+        f"""CREATE TABLE IF NOT EXISTS {resource} (
+            store TEXT NOT NULL,
+            id TEXT NOT NULL,
+            status TEXT,
+            customer_id TEXT,
+            created_at TEXT,
+            updated_at TEXT,
+            raw {json} NOT NULL,
+            synced_at {time} NOT NULL,
+            PRIMARY KEY (store, id)
+        )"""
+        for resource in RESOURCES
+    ]
+    return [
+        *records,
+        f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
+            store TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            cursor TEXT,                -- afterCursor of the next page; NULL: from the start
+            done {flag} NOT NULL,       -- the last run finished; the next one starts over
+            run_params {json},          -- query filter of the current run (reused on resume)
+            run_from {json},            -- incremental value the next run will start from
+            next_from {json},           -- incremental value for the next run
+            seen_max {json},            -- largest incremental field value committed
+            run_pages {count} NOT NULL,
+            run_records {big} NOT NULL,
+            run_started_at {time} NOT NULL,
+            run_finished_at {time},
+            updated_at {time} NOT NULL,
+            PRIMARY KEY (store, resource)
+        )""",
+        f"""CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
+            store TEXT NOT NULL,
+            resource TEXT NOT NULL,
+            id TEXT NOT NULL,
+            deleted_at {time} NOT NULL,
+            PRIMARY KEY (store, resource, id)
+        )""",
+    ]
 
 
 def json_text(value: Any) -> str:
@@ -121,6 +188,25 @@ class UnitState:
     def in_progress(self) -> bool:
         """A run was started and not finished: resume it."""
         return self.exists and not self.done
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any] | None, decode: Callable[[Any], Any]) -> UnitState:
+        """The state in a row of ``STATE_COLUMNS`` (None: never run); ``decode`` reads the
+        JSON columns as the database gives them."""
+        if row is None:
+            return cls()
+        cursor, done, params, run_from, next_from, seen_max, pages, records = row
+        return cls(
+            exists=True,
+            cursor=cursor,
+            done=bool(done),
+            run_params=decode(params) or {},
+            run_from=decode(run_from),
+            next_from=decode(next_from),
+            seen_max=decode(seen_max),
+            run_pages=pages,
+            run_records=records,
+        )
 
 
 @attrs.frozen
@@ -182,6 +268,23 @@ class UnitStatus:
     pages: int | None
     cursor_age: float | None
     error: str | None
+
+
+class SinkLifetime:
+    """``async with sink:`` opens the sink and closes it on leaving."""
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class Sink(Protocol):

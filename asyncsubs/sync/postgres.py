@@ -40,15 +40,19 @@ from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
     DELETED_TABLE,
-    RESOURCES,
+    RECORD_UPDATE,
+    STATE_COLUMNS,
     STATE_TABLE,
+    STATE_UPDATE,
     DatabaseError,
     DeadLetters,
     LeaseLostError,
     PageWrite,
+    SinkLifetime,
     UnitState,
     UnitStatus,
     record_columns,
+    schema,
     text_value,
 )
 
@@ -82,46 +86,8 @@ _SCHEMA_LOCK: Final = 0x61737562_0001
 _ROUND_LOCK: Final = 0x61737562_0002
 
 
-def _table_sql(resource: str) -> str:
-    return f"""
-        CREATE TABLE IF NOT EXISTS {resource} (
-            store text NOT NULL,
-            id text NOT NULL,
-            status text,
-            customer_id text,
-            created_at text,
-            updated_at text,
-            raw jsonb NOT NULL,
-            synced_at timestamptz NOT NULL,
-            PRIMARY KEY (store, id)
-        )"""
-
-
 _SCHEMA: Final = (
-    *(_table_sql(resource) for resource in RESOURCES),
-    f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-        store text NOT NULL,
-        resource text NOT NULL,
-        cursor text,
-        done boolean NOT NULL,
-        run_params jsonb,
-        run_from jsonb,
-        next_from jsonb,
-        seen_max jsonb,
-        run_pages integer NOT NULL,
-        run_records bigint NOT NULL,
-        run_started_at timestamptz NOT NULL,
-        run_finished_at timestamptz,
-        updated_at timestamptz NOT NULL,
-        PRIMARY KEY (store, resource)
-    )""",
-    f"""CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
-        store text NOT NULL,
-        resource text NOT NULL,
-        id text NOT NULL,
-        deleted_at timestamptz NOT NULL,
-        PRIMARY KEY (store, resource, id)
-    )""",
+    *schema(json="jsonb", time="timestamptz", flag="boolean", count="integer", big="bigint"),
     f"""CREATE TABLE IF NOT EXISTS {UNITS_TABLE} (
         store text NOT NULL,
         resource text NOT NULL,
@@ -171,13 +137,7 @@ def _upsert_sql(resource: str) -> str:
         WHERE NOT EXISTS (
             SELECT 1 FROM {DELETED_TABLE} d
             WHERE d.store = %s AND d.resource = '{resource}' AND d.id = %s)
-        ON CONFLICT (store, id) DO UPDATE SET
-            status = excluded.status,
-            customer_id = excluded.customer_id,
-            created_at = excluded.created_at,
-            updated_at = excluded.updated_at,
-            raw = excluded.raw,
-            synced_at = excluded.synced_at
+        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
         WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
             OR coalesce(asyncsubs_instant(excluded.updated_at) >= asyncsubs_instant(t.updated_at),
                         excluded.updated_at >= t.updated_at)"""
@@ -220,7 +180,7 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-class PostgresSink:
+class PostgresSink(SinkLifetime):
     """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
     ``holder`` names this worker in the units table (default: host, pid and a random part).
@@ -247,13 +207,6 @@ class PostgresSink:
 
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
-
-    async def __aenter__(self) -> PostgresSink:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # workers share the database through leases
@@ -306,25 +259,11 @@ class PostgresSink:
         conn: psycopg.AsyncConnection[Any], store: str, resource: str, *, lock: bool = False
     ) -> UnitState:
         cur = await conn.execute(
-            f"SELECT cursor, done, run_params, run_from, next_from, seen_max, run_pages,"
-            f" run_records FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
+            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
             + (" FOR UPDATE" if lock else ""),
             (store, resource),
         )
-        row = await cur.fetchone()
-        if row is None:
-            return UnitState()
-        return UnitState(
-            exists=True,
-            cursor=row[0],
-            done=row[1],
-            run_params=row[2] or {},
-            run_from=row[3],
-            next_from=row[4],
-            seen_max=row[5],
-            run_pages=row[6],
-            run_records=row[7],
-        )
+        return UnitState.from_row(await cur.fetchone(), lambda value: value)
 
     async def commit_page(self, w: PageWrite) -> None:
         rows, page_max = w.rows(_params)
@@ -344,24 +283,13 @@ class PostgresSink:
             old = await self._load_state(conn, w.store, w.resource, lock=True)
             new = w.state_after(old, len(rows), page_max)
             await conn.execute(
-                f"""INSERT INTO {STATE_TABLE} (store, resource, cursor, done, run_params,
-                        run_from, next_from, seen_max, run_pages, run_records, run_started_at,
-                        run_finished_at, updated_at)
+                f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
+                        run_started_at, run_finished_at, updated_at)
                     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),
                             CASE WHEN %s THEN now() END, now())
-                    ON CONFLICT (store, resource) DO UPDATE SET
-                        cursor = excluded.cursor,
-                        done = excluded.done,
-                        run_params = excluded.run_params,
-                        run_from = excluded.run_from,
-                        next_from = excluded.next_from,
-                        seen_max = excluded.seen_max,
-                        run_pages = excluded.run_pages,
-                        run_records = excluded.run_records,
+                    ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
                         run_started_at = CASE WHEN %s THEN excluded.run_started_at
-                                         ELSE {STATE_TABLE}.run_started_at END,
-                        run_finished_at = excluded.run_finished_at,
-                        updated_at = excluded.updated_at""",
+                                         ELSE {STATE_TABLE}.run_started_at END""",
                 (
                     *(w.store, w.resource, new.cursor, new.done, Jsonb(dict(new.run_params))),
                     *map(_jsonb, (new.run_from, new.next_from, new.seen_max)),

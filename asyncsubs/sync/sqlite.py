@@ -35,15 +35,19 @@ from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
     DELETED_TABLE,
-    RESOURCES,
+    RECORD_UPDATE,
+    STATE_COLUMNS,
     STATE_TABLE,
+    STATE_UPDATE,
     DatabaseError,
     DeadLetters,
     PageWrite,
+    SinkLifetime,
     UnitState,
     UnitStatus,
     json_text,
     record_columns,
+    schema,
     text_value,
 )
 
@@ -56,54 +60,10 @@ __all__ = [
 T = TypeVar("T")
 LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
-_STATE_COLUMNS: Final = (
-    "cursor, done, run_params, run_from, next_from, seen_max, run_pages, run_records"
-)
 
 
-def _table_sql(resource: str) -> str:
-    return f"""
-        CREATE TABLE IF NOT EXISTS {resource} (
-            store TEXT NOT NULL,
-            id TEXT NOT NULL,
-            status TEXT,
-            customer_id TEXT,
-            created_at TEXT,
-            updated_at TEXT,
-            raw TEXT NOT NULL,
-            synced_at TEXT NOT NULL,
-            PRIMARY KEY (store, id)
-        )"""
-
-
-_STATE_SQL: Final = f"""
-    CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-        store TEXT NOT NULL,
-        resource TEXT NOT NULL,
-        cursor TEXT,                    -- afterCursor of the next page; NULL: from the start
-        done INTEGER NOT NULL,          -- 1: the last run finished; the next one starts over
-        run_params TEXT,                -- JSON query filter of the current run (reused on resume)
-        run_from TEXT,                  -- JSON: incremental value the next run will start from
-        next_from TEXT,                 -- JSON: incremental value for the next run
-        seen_max TEXT,                  -- JSON: largest incremental field value committed
-        run_pages INTEGER NOT NULL,
-        run_records INTEGER NOT NULL,
-        run_started_at TEXT NOT NULL,
-        run_finished_at TEXT,
-        updated_at TEXT NOT NULL,
-        PRIMARY KEY (store, resource)
-    )"""
-
-# Ids are never reused, so a deleted id stays deleted: without this, a pull page read just
-# before a delete and committed just after its webhook would bring the record back.
-_DELETED_SQL: Final = f"""
-    CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
-        store TEXT NOT NULL,
-        resource TEXT NOT NULL,
-        id TEXT NOT NULL,
-        deleted_at TEXT NOT NULL,
-        PRIMARY KEY (store, resource, id)
-    )"""
+#: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
+_SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
 
 
 def _upsert_sql(resource: str) -> str:
@@ -118,34 +78,18 @@ def _upsert_sql(resource: str) -> str:
         WHERE NOT EXISTS (
             SELECT 1 FROM {DELETED_TABLE}
             WHERE store = ?1 AND resource = '{resource}' AND id = ?2)
-        ON CONFLICT (store, id) DO UPDATE SET
-            status = excluded.status,
-            customer_id = excluded.customer_id,
-            created_at = excluded.created_at,
-            updated_at = excluded.updated_at,
-            raw = excluded.raw,
-            synced_at = excluded.synced_at
+        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
         WHERE {resource}.updated_at IS NULL OR excluded.updated_at IS NULL
             OR coalesce(julianday(excluded.updated_at) >= julianday({resource}.updated_at),
                         excluded.updated_at >= {resource}.updated_at)"""
 
 
 _SAVE_STATE_SQL: Final = f"""
-    INSERT INTO {STATE_TABLE} (store, resource, {_STATE_COLUMNS}, run_started_at,
+    INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS}, run_started_at,
             run_finished_at, updated_at)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (store, resource) DO UPDATE SET
-            cursor = excluded.cursor,
-            done = excluded.done,
-            run_params = excluded.run_params,
-            run_from = excluded.run_from,
-            next_from = excluded.next_from,
-            seen_max = excluded.seen_max,
-            run_pages = excluded.run_pages,
-            run_records = excluded.run_records,
-            run_started_at = CASE WHEN ? THEN excluded.run_started_at ELSE run_started_at END,
-            run_finished_at = excluded.run_finished_at,
-            updated_at = excluded.updated_at"""
+        ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
+            run_started_at = CASE WHEN ? THEN excluded.run_started_at ELSE run_started_at END"""
 
 
 def _now() -> str:
@@ -213,7 +157,7 @@ def hold_database(db: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-class SQLiteSink:
+class SQLiteSink(SinkLifetime):
     """The ``Sink`` in an SQLite file: one connection, used only from one worker thread."""
 
     #: One writer: a sync holds the database (``lock``) instead of sharing it.
@@ -229,13 +173,6 @@ class SQLiteSink:
 
     def __repr__(self) -> str:
         return f"<SQLiteSink {self.where}>"
-
-    async def __aenter__(self) -> SQLiteSink:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         return hold_database(self.path)
@@ -265,10 +202,8 @@ class SQLiteSink:
         conn = connect_sqlite(self.path)
         try:
             with self._transaction(conn):
-                for resource in RESOURCES:
-                    conn.execute(_table_sql(resource))
-                conn.execute(_STATE_SQL)
-                conn.execute(_DELETED_SQL)
+                for statement in _SCHEMA:
+                    conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             conn.close()
@@ -303,22 +238,10 @@ class SQLiteSink:
 
     def _load_state(self, store: str, resource: str) -> UnitState:
         row = self.conn.execute(
-            f"SELECT {_STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = ? AND resource = ?",
+            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = ? AND resource = ?",
             (store, resource),
         ).fetchone()
-        if row is None:
-            return UnitState()
-        return UnitState(
-            exists=True,
-            cursor=row[0],
-            done=bool(row[1]),
-            run_params=_load(row[2]) or {},
-            run_from=_load(row[3]),
-            next_from=_load(row[4]),
-            seen_max=_load(row[5]),
-            run_pages=row[6],
-            run_records=row[7],
-        )
+        return UnitState.from_row(row, _load)
 
     async def commit_page(self, write: PageWrite) -> None:
         await self._run(self._commit_page, write)
