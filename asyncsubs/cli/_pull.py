@@ -267,14 +267,13 @@ class Pull:
                 PullCheckpoint.remove(output)
                 return open(output, "wb"), None
             out = open(output, "r+b")  # noqa: SIM115 - closed by main()
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             if checkpoint is not None:
                 raise ConfigError(
                     f"{output} is gone but its checkpoint is not; pass --restart to start over"
                 ) from None
-            if not output.parent.is_dir():
-                raise ConfigError(f"cannot write {output}: no such directory") from None
-            raise ConfigError(f"cannot write {output}: No such file or directory") from None
+            why = exc.strerror if output.parent.is_dir() else "no such directory"
+            raise ConfigError(f"cannot write {output}: {why}") from None
         except OSError as exc:
             raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
         size = out.seek(0, os.SEEK_END)
