@@ -9,6 +9,7 @@ import sys
 from typing import IO, Any
 
 from ..sync import sink_for
+from ._output import Output
 from ._progress import plural
 from ._tables import print_table
 
@@ -40,7 +41,7 @@ def _age(seconds: float) -> str:
 
 
 def cmd_sync_status(
-    args: argparse.Namespace, out: Any = None, *, stream: IO[str] | None = None
+    args: argparse.Namespace, out: Output | None = None, *, stream: IO[str] | None = None
 ) -> int:
     sink = sink_for(args.db)
     units = asyncio.run(sink.status())
