@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import os
 import re
@@ -36,11 +37,11 @@ from ._protocol import (
     versioned_base,
     without_secret,
 )
-from ._retry import pause_after_429, retry_delay, waiting_enabled
+from ._retry import RetryEvent, pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
-from ._transport import AiohttpTransport, Transport, on_connected
+from ._transport import AiohttpTransport, ConnectingTransport, Transport
 from .errors import APIError, AsyncSubsError, ConfigError, ProtocolError, RateLimitError
 
 if TYPE_CHECKING:
@@ -67,6 +68,14 @@ def store_fingerprint(base: str, token: str) -> str:
     return "store-" + hashlib.sha256(f"{address}\0{token}".encode()).hexdigest()[:16]
 
 
+def _takes_on_connected(transport: Transport) -> bool:
+    """Whether ``transport.send`` takes ``on_connected`` (see ``ConnectingTransport``)."""
+    try:
+        return "on_connected" in inspect.signature(transport.send).parameters
+    except (TypeError, ValueError):  # no signature to read: send it nothing more
+        return False
+
+
 class AdminClient:
     """Client for one store's admin interface.
 
@@ -74,6 +83,9 @@ class AdminClient:
     ``ASYNCSUBS_TOKEN`` / ``ASYNCSUBS_BASE_URL``). See README.md for the full guide.
     ``telemetry=False`` turns OpenTelemetry off; ``meter_provider``/``tracer_provider`` replace
     the global providers (see :mod:`asyncsubs._telemetry` and README, "Observability").
+    ``on_retry`` is called with a ``RetryEvent`` before each retry of a failed attempt, in the
+    task that made the request (keep it short: the retry waits for it; what it raises ends the
+    request).
     """
 
     def __init__(
@@ -95,6 +107,7 @@ class AdminClient:
         telemetry: bool = True,
         meter_provider: MeterProvider | None = None,
         tracer_provider: TracerProvider | None = None,
+        on_retry: Callable[[RetryEvent], object] | None = None,
         learned: Mapping[str, Any] | None = None,
     ) -> None:
         token = os.environ.get(TOKEN_ENV) if token is None else token
@@ -127,9 +140,16 @@ class AdminClient:
             not isinstance(user_agent, str) or not user_agent.isprintable()
         ):
             raise ConfigError("user_agent must be printable text (no CR, LF or other controls)")
+        if on_retry is not None and not callable(on_retry):
+            raise ConfigError(f"on_retry must be callable, got {type(on_retry).__name__}")
         if transport is None:
             transport = AiohttpTransport(session, max_response_bytes=max_response_bytes)
         self._transport = transport
+        #: The transport again, when it says when a request gets its connection.
+        self._connecting: ConnectingTransport | None = None
+        if _takes_on_connected(transport):
+            self._connecting = transport  # type: ignore[assignment]
+        self._on_retry = on_retry
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
         # What an earlier client learned (export_learned()), given to the limiter on first use.
@@ -166,6 +186,13 @@ class AdminClient:
     def base_url(self) -> str:
         """The versioned base: ``{base_url}/admin/{version}/``."""
         return self._base
+
+    @property
+    def fingerprint(self) -> str:
+        """A one-way fingerprint of the base URL and the token (the token cannot be recovered
+        from it), the default ``store``: what a file may keep to tell one store's data from
+        another's behind the same URL."""
+        return store_fingerprint(self._base, self._token)
 
     def list_endpoint(self, path: str, *, model: type[Any] = dict) -> ListEndpoint[Any]:
         """Another list endpoint with the same pagination contract; records are dicts unless
@@ -305,7 +332,11 @@ class AdminClient:
                         attempt,
                         type(exc).__name__,
                         delay,
-                        extra={"error": exc},  # the whole error, for handlers that show why
+                    )
+                    failed = exc
+                if self._on_retry is not None:  # outside the except: what it raises is its own
+                    self._on_retry(
+                        RetryEvent(request.method, request.path, attempt, failed, delay, pool)
                     )
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -328,8 +359,12 @@ class AdminClient:
                     if self._closed:  # aclose() ran while this request waited: no new session
                         raise ConfigError("the client was closed while this request waited")
                     exchange.sending()
-                    on_connected.set(slot.sending)
-                    raw = await self._transport.send(request, timeout=self.timeout)
+                    if self._connecting is not None:
+                        raw = await self._connecting.send(
+                            request, timeout=self.timeout, on_connected=slot.sending
+                        )
+                    else:
+                        raw = await self._transport.send(request, timeout=self.timeout)
             except RateLimitError as exc:  # the limiter's: a pause longer than max_retry_after
                 exc.method, exc.path = request.method, request.path
                 exc.args = (f"{request.method} {request.path}: {exc} (not sent)",)
@@ -374,7 +409,8 @@ class AdminClient:
         retry_after = error.retry_after if isinstance(error, APIError) else None
         server_limit = parse_server_limit(raw.headers)
         if server_limit is not None:
-            hold = retry_after is None and waiting_enabled()  # a Retry-After rules
+            # A Retry-After rules; the testing switch is read only when none are left.
+            hold = retry_after is None and (server_limit.remaining != 0 or waiting_enabled())
             limiter.server_limit(slot.pool, server_limit, hold=hold)
         if isinstance(error, RateLimitError):
             limiter.rate_limited(slot, pause_after_429(self.retry, retry_after, attempt))

@@ -19,7 +19,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from ._models import Customer, Order, Subscription
 from .errors import ConfigError, ProtocolError
 
-__all__ = ["camel", "structure_records", "structurer_for"]
+__all__ = ["camel", "converter", "structure_records", "structurer_for"]
 
 T = TypeVar("T")
 RAW: Final = "raw"
@@ -85,7 +85,8 @@ def _make_converter() -> cattrs.Converter:
     return conv
 
 
-_converter: Final = _make_converter()
+#: The package's converter: records here; the sync's config file registers its tables on it.
+converter: Final = _make_converter()
 
 
 def structurer_for(model: Any) -> Callable[[Any], Any] | None:
@@ -97,7 +98,7 @@ def structurer_for(model: Any) -> Callable[[Any], Any] | None:
     own = _OWN_STRUCTURERS.get(model)
     if own is not None:
         return own
-    hook = _converter.get_structure_hook(model)
+    hook = converter.get_structure_hook(model)
     return lambda record: hook(record, model)
 
 

@@ -43,7 +43,10 @@ __all__ = [
     "Request",
     "Response",
     "build_request",
+    "check_token",
+    "check_version",
     "error_class",
+    "is_loopback",
     "parse_page",
     "parse_response",
     "parse_retry_after",
@@ -158,8 +161,7 @@ def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False)
     URL's credentials, query or path."""
     if not isinstance(base_url, str) or not base_url.strip():
         raise ConfigError("base_url is required (or set ASYNCSUBS_BASE_URL)")
-    if not isinstance(version, str) or not _VERSION_RE.match(version):
-        raise ConfigError(f"version must look like '2026-04', got {version!r}")
+    check_version(version)
     url = base_url.strip()
     try:
         parts = urlsplit(url)
@@ -192,6 +194,13 @@ def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False)
             "(or allow_insecure=True for a trusted network)"
         )
     return f"{url.rstrip('/')}/admin/{version}/"
+
+
+def check_version(version: object) -> str:
+    """The interface version of the path, validated (``2026-04``: letters, digits, ``._-``)."""
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise ConfigError(f"version must look like '2026-04', got {version!r}")
+    return version
 
 
 def check_token(token: object) -> str:

@@ -12,17 +12,43 @@ from __future__ import annotations
 import random
 from typing import Final
 
+import attrs
+
 from ._config import RetryPolicy
 from ._protocol import Request
-from .errors import APIError, ProtocolError, RateLimitError, ServerError, TransportError
+from .errors import (
+    APIError,
+    AsyncSubsError,
+    ProtocolError,
+    RateLimitError,
+    ServerError,
+    TransportError,
+)
 
-__all__ = ["pause_after_429", "retry_delay", "set_waiting", "waiting_enabled"]
+__all__ = ["RetryEvent", "pause_after_429", "retry_delay", "set_waiting", "waiting_enabled"]
 
 #: The longest pause a Retry-After may put a pool in (seconds); requests fail fast meanwhile.
 MAX_PAUSE: Final = 86_400.0
 
 # The testing switch (see asyncsubs.testing.no_waiting): when off, backoffs and 429 pauses are 0.
+# A module global, as stamina's, so that one switch reaches every client in every task and
+# thread of a test process; read only once a request failed or a server said none are left.
 _waiting = True
+
+
+@attrs.frozen
+class RetryEvent:
+    """A failed attempt that the client is about to retry, as ``AdminClient(on_retry=...)``
+    receives it: the request's ``method`` and ``path``, the ``attempt`` that failed (from 1),
+    its ``error`` and the ``delay`` in seconds before the next attempt (a 429's wait is its
+    pool's pause, in the limiter, not this delay), and the rate-limit ``pool`` it draws on."""
+
+    method: str
+    path: str
+    attempt: int
+    error: AsyncSubsError
+    delay: float
+    pool: str
 
 
 def set_waiting(enabled: bool) -> bool:

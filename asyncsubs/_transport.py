@@ -1,7 +1,10 @@
 """The aiohttp layer: send a ``Request``, return a ``RawResponse``. Kept thin on purpose.
 
 ``Transport`` is the test seam (as in httpx): anything with ``send`` and ``aclose`` can stand in
-for the network. Redirects are never followed, so the token never reaches another origin.
+for the network. Redirects are never followed, so the token never reaches another origin. A
+transport whose ``send`` also takes ``on_connected`` (``ConnectingTransport``, as
+``AiohttpTransport`` does) is handed, with each request, what to call the moment that request
+gets its connection: the limiter counts the request's start from then.
 """
 
 from __future__ import annotations
@@ -18,22 +21,23 @@ from aiohttp.tracing import Trace
 from ._protocol import RawResponse, Request
 from .errors import ProtocolError, TransportError, excerpt
 
-__all__ = ["AiohttpTransport", "Transport", "on_connected"]
+__all__ = ["AiohttpTransport", "ConnectingTransport", "Transport"]
 
-#: Set by the client before each send; called when the request gets its connection from a
-#: session the client made, the moment it goes out (the limiter sees a connect's delay).
-on_connected: ContextVar[Callable[[], None] | None] = ContextVar("on_connected", default=None)
+#: The ``on_connected`` of the request ``AiohttpTransport.send`` is sending, for its connector:
+#: set and reset by ``send`` in the request's own task. aiohttp hands a connector nothing of a
+#: request's own but its traces, which would cost every request a round of awaited signals.
+_on_connected: ContextVar[Callable[[], None] | None] = ContextVar("on_connected", default=None)
 
 
 class _Connector(aiohttp.TCPConnector):
-    """Calls ``on_connected`` as it hands out a connection. A session passed in does not, and
-    its connects and queueing delay starts unseen (hence ``limit=0`` there too)."""
+    """Calls the request's ``on_connected`` as it hands out a connection. A session passed in
+    does not, and its connects and queueing delay starts unseen (hence ``limit=0`` there too)."""
 
     async def connect(
         self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
     ) -> Connection:
         connection = await super().connect(req, traces, timeout)
-        if (callback := on_connected.get()) is not None:
+        if (callback := _on_connected.get()) is not None:
             callback()
         return connection
 
@@ -46,6 +50,19 @@ class Transport(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class ConnectingTransport(Transport, Protocol):
+    """A transport that says when a request goes out: it calls ``on_connected`` the moment the
+    request has its connection (after any connect, or a wait for a free connection)."""
+
+    async def send(
+        self,
+        request: Request,
+        *,
+        timeout: float,
+        on_connected: Callable[[], None] | None = None,
+    ) -> RawResponse: ...
 
 
 #: OpenSSL's reasons for a handshake answered by something that does not speak TLS.
@@ -136,7 +153,22 @@ class AiohttpTransport:
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
-    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+    async def send(
+        self,
+        request: Request,
+        *,
+        timeout: float,
+        on_connected: Callable[[], None] | None = None,
+    ) -> RawResponse:
+        """Send ``request``; with a session of its own, call ``on_connected`` once the request
+        has its connection."""
+        reset = _on_connected.set(on_connected)
+        try:
+            return await self._send(request, timeout)
+        finally:
+            _on_connected.reset(reset)
+
+    async def _send(self, request: Request, timeout: float) -> RawResponse:
         session = self._get_session()
         client_timeout = self._timeout
         if client_timeout is None or client_timeout.total != timeout:

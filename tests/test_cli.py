@@ -24,13 +24,14 @@ import attrs
 import orjson
 import pytest
 
-from asyncsubs import AdminClient
+from asyncsubs import AdminClient, Rate
 from asyncsubs.__main__ import main
-from asyncsubs._client import store_fingerprint
-from asyncsubs.cli._checkpoint import PullCheckpoint
-from asyncsubs.cli._config_file import load_config
-from asyncsubs.cli._demo import _env_name
-from asyncsubs.cli._progress import _LIVE_HEADERS, Tracker, _live_row, _progress_line
+from asyncsubs.cli._display import LIVE_HEADERS, live_row, progress_line
+from asyncsubs.cli._fake_server import env_name
+from asyncsubs.cli._progress import Progress
+from asyncsubs.cli._pull import PullCheckpoint
+from asyncsubs.limiting import PoolStats
+from asyncsubs.sync import Retrying, UnitStarted, load_config
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"
@@ -140,6 +141,11 @@ def versioned_base(server: FakeAdminServer) -> str:
     return AdminClient(token="t", base_url=server.base_url).base_url
 
 
+def fingerprint(server: FakeAdminServer, store: str) -> str:
+    """The credentials a pull's checkpoint names: the client's one-way fingerprint."""
+    return AdminClient(token=server.store(store).token, base_url=server.base_url).fingerprint
+
+
 def jsonl(records: Sequence[Any]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in records)
 
@@ -155,7 +161,7 @@ def test_pull_rerun_continues_from_the_checkpoint_and_cuts_a_partial_page(
     checkpoint = PullCheckpoint(
         resource="customers",
         base_url=versioned_base(server),
-        credentials=store_fingerprint(versioned_base(server), server.store("acme").token),
+        credentials=fingerprint(server, "acme"),
         after_cursor=None,
         cursor=page_cursors(server, "customers", 50)[0],
         offset=len(first),
@@ -201,7 +207,7 @@ def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
     checkpoint = PullCheckpoint(
         resource="orders",
         base_url=versioned_base(server),
-        credentials=store_fingerprint(versioned_base(server), server.store("acme").token),
+        credentials=fingerprint(server, "acme"),
         after_cursor=after_first,
         cursor=after_second,
         offset=out.stat().st_size,
@@ -397,7 +403,7 @@ def test_help_and_version(capsys: Any) -> None:
 def test_progress_rich_without_rich_exits_2_with_the_install_hint(
     server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    monkeypatch.setattr("asyncsubs.cli._progress._rich_available", lambda: False)
+    monkeypatch.setattr("asyncsubs.cli._display.rich_available", lambda: False)
     server.clear_requests()
     assert main(pull_args(server, "orders", "--progress", "rich")) == 2
     assert capsys.readouterr().err == (
@@ -409,21 +415,24 @@ def test_progress_rich_without_rich_exits_2_with_the_install_hint(
 def test_interrupted_run_shows_interrupted_in_the_live_tables_last_frame(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from asyncsubs.cli._progress import Tracker
-    from asyncsubs.cli._running import CommandFailed, run_async
+    import argparse
+
+    from asyncsubs.cli._common import CommandFailed, Runner
+    from asyncsubs.cli._output import Output
 
     pytest.importorskip("rich")
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    tracker = Tracker()
-    row = tracker.add("acme", "orders")
+    args = argparse.Namespace(progress_interval=1.0, verbose=False)
+    runner = Runner(args, Output(), mode="rich")
+    runner.progress.add("acme", "orders")
 
     async def stopped_by_ctrl_c() -> None:
-        tracker.start(row, None)
+        runner.progress(UnitStarted("acme", "orders", False, 0, Rate(1)))
         raise KeyboardInterrupt
 
     with pytest.raises(CommandFailed) as info:
-        run_async(stopped_by_ctrl_c, tracker, "rich", 1.0)
+        runner.run(stopped_by_ctrl_c)
     assert info.value.code == 130
     last_frame = stream.getvalue().strip().splitlines()
     (line,) = [x for x in last_frame if x.startswith("acme ")]
@@ -515,12 +524,12 @@ def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
             printed.append(proc.stdout.readline())
             if found := re.match(r"store (\S+): token (\S+)$", printed[-1]):
                 tokens[found[1]] = found[2]
-        last_env = f'token_env = "{_env_name(list(tokens)[-1])}"'
+        last_env = f'token_env = "{env_name(list(tokens)[-1])}"'
         while not printed[-1].startswith(last_env):
             printed.append(proc.stdout.readline())
         config = tmp_path / "stores.toml"
         config.write_text("".join(printed[printed.index("[defaults]\n") :]), encoding="utf-8")
-        env = {_env_name(name): token for name, token in tokens.items()}
+        env = {env_name(name): token for name, token in tokens.items()}
         yield FakeServerRun(match[1], tokens, printed, config, env)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -578,7 +587,7 @@ def test_first_sync_of_a_fresh_fake_server_draws_no_429s(tmp_path: Path) -> None
 
 
 def test_cli_uses_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncsubs.cli._running import event_loop_factory
+    from asyncsubs.cli._common import event_loop_factory
 
     uvloop = pytest.importorskip("uvloop")
     assert event_loop_factory() is uvloop.new_event_loop
@@ -673,17 +682,19 @@ def test_retries_show_their_reason_and_json_lines_carry_every_event(capsys: Any)
 
 
 def test_live_row_and_progress_line_show_elapsed_time_and_the_last_error() -> None:
-    tracker = Tracker()
-    row = tracker.add("acme", "orders")
-    tracker.start(row, None)
-    tracker.retry(row, "ServerError: GET orders: HTTP 503 " + "x" * 100)
+    progress = Progress()
+    progress(UnitStarted("acme", "orders", False, 0, Rate(1)))
+    progress(
+        Retrying("acme", "orders", "ServerError: GET orders: HTTP 503 " + "x" * 100, PoolStats())
+    )
+    row = progress.rows[("acme", "orders")]
     now = time.monotonic()
-    cells = _live_row(row, now + 2.0)
-    assert cells[_LIVE_HEADERS.index("time")] == "2.0s"
-    last = cells[_LIVE_HEADERS.index("last error")]
+    cells = live_row(row, now + 2.0)
+    assert cells[LIVE_HEADERS.index("time")] == "2.0s"
+    last = cells[LIVE_HEADERS.index("last error")]
     assert last.startswith("ServerError: GET orders: HTTP 503 ")
     assert len(last) == 60  # shortened to fit; the plain line has it whole
-    assert _progress_line(row, now).endswith(
+    assert progress_line(row, now).endswith(
         "; last error: ServerError: GET orders: HTTP 503 " + "x" * 100
     )
 

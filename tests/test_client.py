@@ -17,7 +17,7 @@ from hostile import WireServer
 import asyncsubs
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
 from asyncsubs._protocol import RawResponse, Request, build_request
-from asyncsubs._transport import AiohttpTransport, on_connected
+from asyncsubs._transport import AiohttpTransport
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
 
 MakeClient = Callable[..., AdminClient]
@@ -500,6 +500,81 @@ async def test_stats_count_requests_and_429s(
     assert orders.retries == 1
 
 
+async def test_on_retry_is_told_each_retry_with_its_error_and_pool(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    """The public retry hook: one event per retried attempt, in order, from the task that made
+    the request; a request that succeeds at once tells it nothing."""
+    server.enqueue(500, b"<html>oops</html>", {"Content-Type": "text/html"}, path="orders")
+    server.enqueue(429, {"success": False, "code": "RATE_LIMITED"}, {"Retry-After": "1"})
+    seen: list[tuple[asyncsubs.RetryEvent, asyncio.Task[Any] | None]] = []
+    one = f"subscriptions/{server.records('acme', 'subscriptions')[0]['id']}"
+    async with make_client(on_retry=lambda e: seen.append((e, asyncio.current_task()))) as client:
+        await client.request("GET", one)  # the 429, then once more
+        await ids_of(client.orders.list(page_size=250))  # the 500 on its first page
+        retried = [e for e, _ in seen]
+        assert [(e.method, e.path, e.attempt, e.pool) for e in retried] == [
+            ("GET", one, 1, "global"),
+            ("GET", "orders", 1, "orders"),
+        ]
+        assert isinstance(retried[0].error, errors.RateLimitError)
+        assert retried[0].delay == 0.0  # a 429 waits in the pool's pause, not here
+        assert isinstance(retried[1].error, errors.ServerError)
+        assert all(task is not None for _, task in seen)
+        assert client.stats.retries == 2
+    with pytest.raises(errors.ConfigError, match="on_retry must be callable"):
+        make_client(on_retry="print")
+
+
+async def test_an_on_retry_that_raises_ends_the_request(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    server.enqueue(500, b"<html>oops</html>", {"Content-Type": "text/html"})
+
+    def refuse(event: asyncsubs.RetryEvent) -> None:
+        raise RuntimeError("no retries here")
+
+    async with make_client(on_retry=refuse) as client:
+        with pytest.raises(RuntimeError, match="no retries here") as info:
+            await client.request("GET", "subscriptions/1")
+    assert info.value.__context__ is None  # raised outside the error's handler
+    assert server.stats("acme").requests == 1
+
+
+def test_the_fingerprint_is_the_default_store_and_keeps_no_token() -> None:
+    a = AdminClient(token="secret-T1", base_url="https://a.example")
+    named = AdminClient(token="secret-T1", base_url="https://a.example/", store="acme")
+    other = AdminClient(token="T2", base_url="https://a.example")
+    assert a.fingerprint == a.store == named.fingerprint != other.fingerprint
+    assert "secret" not in a.fingerprint
+
+
+def test_the_settings_checks_are_the_clients() -> None:
+    from asyncsubs import json, settings
+
+    assert settings.check_token("t") == "t"
+    assert settings.check_version("2027-01") == "2027-01"
+    assert settings.versioned_base("http://127.0.0.1:9", settings.DEFAULT_VERSION) == (
+        f"http://127.0.0.1:9/admin/{settings.DEFAULT_VERSION}/"
+    )
+    assert settings.is_loopback("::1")
+    assert not settings.is_loopback("127.0.0.1.example")
+    for check, value, message in [
+        (settings.check_token, "t\n", "token contains control characters"),
+        (settings.check_version, "04/2026", "version must look like '2026-04'"),
+    ]:
+        with pytest.raises(errors.ConfigError, match=message):
+            check(value)
+        kwargs = {"token": value} if check is settings.check_token else {"version": value}
+        with pytest.raises(errors.ConfigError, match=message):  # the client's own message
+            AdminClient(**{"token": "t", "base_url": "https://a.example", **kwargs})
+    with pytest.raises(errors.ConfigError, match="plain http://"):
+        settings.versioned_base("http://a.example", "2026-04")
+    big = 2**64 + 1
+    assert json.loads(json.dumps({"id": big, "s": "é"})) == {"id": big, "s": "é"}
+    assert json.dumps({"s": "é"}) == '{"s":"é"}'.encode()
+
+
 async def test_a_rate_limited_code_in_a_200_answer_is_a_429(
     server: FakeAdminServer, make_client: MakeClient
 ) -> None:
@@ -621,22 +696,26 @@ async def test_a_long_retry_after_fails_every_request_of_the_pool_fast(
 async def test_the_clients_own_session_reports_each_request_as_it_gets_its_connection(
     server: FakeAdminServer,
 ) -> None:
-    """Its connector calls ``on_connected`` once a request, before the server has seen it (the
-    limiter counts the start from then: a connect delays it unseen otherwise). A session
+    """Its connector calls the request's ``on_connected`` once, before the server has seen it
+    (the limiter counts the start from then: a connect delays it unseen otherwise). A session
     passed in is the caller's, and calls nothing."""
     request = build_request(server.api_url, server.tokens["acme"], "GET", "subscriptions")
     seen: list[int] = []
-    on_connected.set(lambda: seen.append(len(server.requests)))
+
+    def connected() -> None:
+        seen.append(len(server.requests))
+
     own = AiohttpTransport(max_response_bytes=1 << 20)
     try:
         for _ in range(3):
-            assert (await own.send(request, timeout=5.0)).status == 200
+            assert (await own.send(request, timeout=5.0, on_connected=connected)).status == 200
+        assert (await own.send(request, timeout=5.0)).status == 200  # none: nothing to call
     finally:
         await own.aclose()
     assert seen == [0, 1, 2]
     async with aiohttp.ClientSession() as session:
         passed = AiohttpTransport(session, max_response_bytes=1 << 20)
-        assert (await passed.send(request, timeout=5.0)).status == 200
+        assert (await passed.send(request, timeout=5.0, on_connected=connected)).status == 200
     assert seen == [0, 1, 2]
 
 

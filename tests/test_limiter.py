@@ -31,7 +31,6 @@ from asyncsubs._config import Limits, Rate
 from asyncsubs._limiter import DEFAULT_LIMITER
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
-from asyncsubs._transport import on_connected
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
 from asyncsubs.limiting import (
     Limiter,
@@ -236,13 +235,20 @@ async def test_a_request_whose_connection_comes_late_paces_the_next_from_it(
 
 async def test_the_client_reports_a_requests_connection_to_its_slot(clock: VirtualClock) -> None:
     """The client's own connector calls ``on_connected`` as it hands a request its connection
-    (tests/test_client.py); the client points it at the slot of the request going out. A
-    transport stands in for the connector here: the second request connects for 150 ms."""
+    (tests/test_client.py); the client passes each request the slot's, to any transport whose
+    ``send`` takes it. A transport stands in for the connector here: the second request
+    connects for 150 ms."""
     sent: list[float] = []
 
     class Connecting:
-        async def send(self, request: Request, *, timeout: float) -> RawResponse:
-            callback = on_connected.get()
+        async def send(
+            self,
+            request: Request,
+            *,
+            timeout: float,
+            on_connected: Callable[[], None] | None = None,
+        ) -> RawResponse:
+            callback = on_connected
             assert callback is not None
             if len(sent) == 1:
                 clock.now += 0.15

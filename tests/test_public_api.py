@@ -109,7 +109,17 @@ def test_webhooks_namespace_is_explicit_and_sorted() -> None:
     assert public == set(webhooks.__all__)
 
 
-@pytest.mark.parametrize("name", ["asyncsubs", "asyncsubs.limiting", "asyncsubs.testing"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "asyncsubs",
+        "asyncsubs.json",
+        "asyncsubs.limiting",
+        "asyncsubs.settings",
+        "asyncsubs.sync",
+        "asyncsubs.testing",
+    ],
+)
 def test_namespaces_are_explicit_and_sorted(name: str) -> None:
     module = importlib.import_module(name)
     assert module.__all__ == sorted(module.__all__, key=lambda n: (n.startswith("_"), n))
@@ -156,3 +166,33 @@ def test_every_runtime_dependency_is_imported_and_every_import_declared() -> Non
     third_party = imported - set(sys.stdlib_module_names) - {"asyncsubs"}
     assert runtime <= third_party, "declared but never imported"
     assert third_party <= runtime | extras, "imported but not declared"
+
+
+def test_the_readmes_testing_example_runs_as_written(tmp_path: Path) -> None:
+    """README's test of a user's export, in a project of its own: pytest-asyncio's default
+    (strict) mode, no configuration but the example's, a stand-in for the user's export."""
+    import subprocess
+
+    readme = (Path(asyncsubs.__file__).parent.parent / "README.md").read_text()
+    block = re.search(
+        r"```python\n((?:import pytest\n)?from asyncsubs\.testing import .*?)```", readme, re.S
+    )
+    assert block, "README's testing example"
+    export = (
+        "from asyncsubs import AdminClient\n\n"
+        "async def my_export(*, base_url: str, token: str) -> None:\n"
+        "    async with AdminClient(token=token, base_url=base_url) as client:\n"
+        "        async for _ in client.subscriptions.list(page_size=250):\n"
+        "            pass\n\n"
+    )
+    (tmp_path / "test_export.py").write_text(export + block[1])
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_export.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "1 passed" in run.stdout, run.stdout + run.stderr

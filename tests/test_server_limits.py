@@ -379,6 +379,23 @@ async def test_no_waiting_turns_the_hold_off(clock: VirtualClock) -> None:
     assert gaps(transport.sends) == pytest.approx([0.1 * START])
 
 
+async def test_the_testing_switch_is_not_read_while_requests_succeed(
+    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``no_waiting``'s switch is a module global: it is read only on failure paths (a retry, a
+    429, none left), never for an answer that announces a quota with some left."""
+
+    def read() -> bool:
+        raise AssertionError("the testing switch was read on the success path")
+
+    monkeypatch.setattr("asyncsubs._client.waiting_enabled", read)
+    announced = {"x-ratelimit-limit": "10", "x-ratelimit-remaining": "5"}
+    transport = Scripted((200, announced), (200, announced))
+    async with scripted_client(transport) as client:
+        await send(client, 2)
+    assert len(transport.sends) == 2
+
+
 async def test_an_epoch_reset_holds_the_pool_by_the_wall_clock(
     clock: VirtualClock, waiting: None
 ) -> None:

@@ -7,6 +7,7 @@ come straight from the server.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -16,6 +17,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,17 +26,25 @@ from typing import Any
 import orjson
 import pytest
 
+from asyncsubs import Rate
 from asyncsubs.__main__ import main
-from asyncsubs.cli._config_file import (
-    ConfigFileError,
-    PostgresURL,
-    load_config,
-    parse_db_url,
-    parse_rate,
-)
-from asyncsubs.cli._lock import hold_database
-from asyncsubs.cli._progress import Tracker, _live_row, _PlainDisplay
+from asyncsubs.cli._display import PlainLines, live_row
+from asyncsubs.cli._progress import Progress
 from asyncsubs.errors import ConfigError
+from asyncsubs.limiting import PoolStats
+from asyncsubs.sync import (
+    ConfigFileError,
+    PageCommitted,
+    PageWrite,
+    SyncEngine,
+    UnitDone,
+    UnitStarted,
+    load_config,
+    parse_rate,
+    run_round,
+    sink_for,
+)
+from asyncsubs.sync.sqlite import SQLiteSink, hold_database
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 RESOURCES = ("subscriptions", "customers", "orders")
@@ -303,6 +313,14 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
         interrupted = [line for line in lines if re.match(r"store-\d\s+\w+\s+interrupted", line)]
         assert interrupted, out
         assert all(line[rows].strip().replace(",", "").isdigit() for line in interrupted), out
+        # And the pages its state holds, the one committed as the signal came included.
+        for line in interrupted:
+            store, resource, _, records, pages, *_ = line.split()
+            unit = saved[(store, resource)]
+            assert (int(records.replace(",", "")), int(pages)) == (
+                unit["run_records"],
+                unit["run_pages"],
+            ), out
 
     rerun = subprocess.run(
         [*SYNC_COMMAND, "--config", str(config), "--db", str(db)],
@@ -328,25 +346,62 @@ def test_killed_sync_resumes_with_exactly_the_servers_records(
     assert resumed_total < 3 * 900  # resumed, not pulled again from the start
 
 
+async def test_a_page_committed_as_the_sync_is_stopped_is_counted(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    """The SQLite sink writes on a thread of its own, which a cancellation does not stop: the
+    page being committed when Ctrl-C lands is in the database, and so in the progress."""
+    configs = load_config(
+        write_config(tmp_path, server), token_env, only_stores=["store-1"], resources=["orders"]
+    )
+    in_commit, release = threading.Event(), threading.Event()
+
+    class Slow(SQLiteSink):
+        def _commit_page(self, write: PageWrite) -> None:
+            if (
+                write.records
+                and write.records[0]["id"] == server.records("store-1", "orders")[25]["id"]
+            ):
+                in_commit.set()
+                release.wait(10)  # the second page: committed after the cancellation
+            super()._commit_page(write)
+
+    sink, progress = Slow(tmp_path / "subs.db"), Progress()
+
+    async def sync() -> None:
+        async with sink, SyncEngine(configs, sink, progress) as engine:
+            await run_round(engine)
+
+    task = asyncio.create_task(sync())
+    assert await asyncio.to_thread(in_commit.wait, 10)
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row = progress.rows[("store-1", "orders")]
+    saved = state(tmp_path / "subs.db")[("store-1", "orders")]
+    assert (row.state, row.pages, row.records, row.rows) == ("interrupted", 2, 50, 50)
+    assert (saved["run_pages"], saved["run_records"], saved["done"]) == (2, 50, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Progress lines
 
 
 def test_plain_progress_lines() -> None:
-    tracker = Tracker()
+    progress = Progress()
     out = io.StringIO()
-    display = _PlainDisplay(tracker, out, 1.0)
-    tracker.listen(display.on_event)
-    row = tracker.add("acme", "orders")
-    tracker.start(row, None, resumed=True, resumed_records=40)
-    tracker.page(row, 25)
-    tracker.page(row, 25)
+    display = PlainLines(progress, out, 1.0)
+    progress.watch(display)
+    progress(UnitStarted("acme", "orders", True, 40, Rate(1)))
+    progress(PageCommitted("acme", "orders", 25, PoolStats()))
+    progress(PageCommitted("acme", "orders", 25, PoolStats()))
+    row = progress.rows[("acme", "orders")]
     display.tick()
-    tracker.finish(row, rows=90)
-    one = tracker.add("acme", "customers")
-    tracker.start(one, None)
-    tracker.page(one, 1)
-    tracker.finish(one, rows=1)
+    progress(UnitDone("acme", "orders", PoolStats(), 90))
+    progress(UnitStarted("acme", "customers", False, 0, Rate(1)))
+    progress(PageCommitted("acme", "customers", 1, PoolStats()))
+    progress(UnitDone("acme", "customers", PoolStats(), 1))
     lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines[-1].startswith("acme/customers: done, 1 record in 1 page (")
     assert lines[-1].endswith("s); 1 row in the table for this store")
@@ -356,7 +411,7 @@ def test_plain_progress_lines() -> None:
     assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
     assert lines[2].endswith("; 90 rows in the table for this store")
     # The live table's records cell says what the interrupted process committed, too.
-    assert _live_row(row, time.monotonic())[3] == "50 (+40 before)"
+    assert live_row(row, time.monotonic())[3] == "50 (+40 before)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,12 +559,18 @@ def test_rate_tables_need_both_keys_and_values_in_range() -> None:
         assert "Rate." not in str(info.value)
 
 
+def sqlite_path(url: str) -> Path:
+    sink = sink_for(url)
+    assert isinstance(sink, SQLiteSink)
+    return sink.path
+
+
 def test_db_urls() -> None:
-    assert parse_db_url("sqlite:///subs.db") == Path("subs.db")
-    assert parse_db_url("sqlite:////tmp/subs.db") == Path("/tmp/subs.db")
-    assert parse_db_url("plain/path.db") == Path("plain/path.db")
-    assert parse_db_url("postgresql://u:pw@host/db") == PostgresURL("postgresql://u:pw@host/db")
-    assert PostgresURL("postgres://u:pw@host:5433/db").where == "postgres://u@host:5433/db"
+    assert sqlite_path("sqlite:///subs.db") == Path("subs.db")
+    assert sqlite_path("sqlite:////tmp/subs.db") == Path("/tmp/subs.db")
+    assert sqlite_path("plain/path.db") == Path("plain/path.db")
+    assert sink_for("postgresql://u:pw@host/db").where == "postgresql://u@host/db"
+    assert sink_for("postgres://u:pw@host:5433/db").where == "postgres://u@host:5433/db"
     # A password with '/', '#', '?' or '@' in it, a password in the query, no host: never shown.
     for url, where in [
         ("postgresql://sync:2024/Secret@127.0.0.1:1/subs", "postgresql://sync@127.0.0.1:1/subs"),
@@ -520,16 +581,16 @@ def test_db_urls() -> None:
         ("postgresql://[::1]:5432/subs", "postgresql://[::1]:5432/subs"),
         ("postgresql:///subs?host=/tmp", "postgresql:///subs"),
     ]:
-        assert PostgresURL(url).where == where
-        assert "Secret" not in repr(PostgresURL(url))
+        assert sink_for(url).where == where
+        assert "Secret" not in repr(sink_for(url))
     for bad in ("mysql://host/db", "sqlite:///", "sqlite:///:memory:"):
         with pytest.raises(ConfigError):
-            parse_db_url(bad)
+            sink_for(bad)
 
 
 def test_a_db_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory; name a database file in it"):
-        parse_db_url(f"sqlite:///{tmp_path}")
+        sink_for(f"sqlite:///{tmp_path}")
 
 
 @pytest.mark.parametrize(

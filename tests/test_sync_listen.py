@@ -27,11 +27,22 @@ import orjson
 import pytest
 
 from asyncsubs.__main__ import main
-from asyncsubs.cli._config_file import ConfigFileError, StoreConfig, load_config
-from asyncsubs.cli._listen import ListenSync, parse_listen, run_listen
-from asyncsubs.cli._progress import Tracker, _PlainDisplay
-from asyncsubs.cli._sync import DatabaseError, PageWrite, SyncDB
+from asyncsubs.cli._display import PlainLines
+from asyncsubs.cli._listen import parse_listen
+from asyncsubs.cli._progress import Progress
 from asyncsubs.errors import ConfigError
+from asyncsubs.sync import (
+    ConfigFileError,
+    DatabaseError,
+    ListenSync,
+    Message,
+    PageWrite,
+    StoreConfig,
+    WebhookCounts,
+    load_config,
+    sink_for,
+)
+from asyncsubs.sync.sqlite import SQLiteSink
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.webhooks import ReceiverStats, signature_header_value
 
@@ -87,6 +98,13 @@ def listen_configs(tmp_path: Path, server: FakeAdminServer) -> list[StoreConfig]
     return load_config(write_config(tmp_path, server), environment(server), listen=True)
 
 
+def listening(
+    configs: Sequence[StoreConfig], db: Path, progress: Progress | None = None
+) -> ListenSync:
+    """``sync --listen``'s engine on the SQLite database ``db``, telling ``progress``."""
+    return ListenSync(configs, sink_for(str(db)), progress or Progress())
+
+
 def table(db: Path, store: str, resource: str) -> list[tuple[Any, ...]]:
     with contextlib.closing(sqlite3.connect(db)) as conn:
         return conn.execute(
@@ -140,8 +158,8 @@ async def test_lossy_webhooks_then_one_incremental_pull_equal_the_servers_state(
 ) -> None:
     db = tmp_path / "subs.db"
     async with fake_server(seed=3) as server:
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        progress = Progress()
+        async with listening(listen_configs(tmp_path, server), db, progress) as engine:
             urls = await engine.listen("127.0.0.1", 0)
             assert set(urls) == set(STORES)
             await engine.pull()  # the initial sync
@@ -177,8 +195,8 @@ async def test_lossy_webhooks_then_one_incremental_pull_equal_the_servers_state(
             assert delivered + dropped == sum(s.stats.events for s in senders)
             # Every delivered event was applied (or found older than the row), none lost.
             for store, sender in zip(STORES, senders, strict=True):
-                hook = tracker.webhooks[store]
-                stats = hook.stats()
+                hook = engine.counts(store)
+                stats = hook.receiver
                 assert stats.accepted == sender.stats.delivered
                 assert hook.applied + hook.stale == stats.accepted
                 assert (hook.ignored, stats.dead_lettered, stats.unauthorized) == (0, 0, 0)
@@ -195,7 +213,7 @@ async def test_lossy_webhooks_then_one_incremental_pull_equal_the_servers_state(
 
         assert_exact(db, server)
         total = sum(len(server.records(s, r)) for s in STORES for r in RESOURCES)
-        pulled = sum(row.records for row in tracker.rows.values())
+        pulled = sum(row.records for row in progress.rows.values())
         changed = sum(
             r["updatedAt"] >= newest[(store, resource)]
             for store in STORES
@@ -204,14 +222,13 @@ async def test_lossy_webhooks_then_one_incremental_pull_equal_the_servers_state(
         )
         assert 0 < pulled == changed < total  # what changed, not whole lists
         # Rows count this run's requests, not the store's since the process started.
-        assert all(row.pool_stats().requests == row.pages for row in tracker.rows.values())
+        assert all(row.stats.requests == row.pages for row in progress.rows.values())
 
 
 async def test_deletes_arrive_by_webhook_and_stay_deleted(tmp_path: Path) -> None:
     db = tmp_path / "subs.db"
     async with fake_server(seed=4) as server:
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        async with listening(listen_configs(tmp_path, server), db) as engine:
             urls = await engine.listen("127.0.0.1", 0)
             await engine.pull()
             sender = await server.deliver_webhooks(
@@ -224,7 +241,7 @@ async def test_deletes_arrive_by_webhook_and_stay_deleted(tmp_path: Path) -> Non
             await sender.join()
             await engine.join()
             assert mutator.counts["subscription_delete"] > 10
-            assert tracker.webhooks["acme"].deletes == mutator.counts["subscription_delete"]
+            assert engine.counts("acme").deletes == mutator.counts["subscription_delete"]
             assert_exact(db, server)  # no pull needed when nothing was dropped
             await engine.pull()
         assert_exact(db, server)
@@ -233,7 +250,7 @@ async def test_deletes_arrive_by_webhook_and_stay_deleted(tmp_path: Path) -> Non
 async def test_upserts_keep_the_newest_version_and_deleted_ids_stay_deleted(
     tmp_path: Path,
 ) -> None:
-    db = SyncDB(tmp_path / "subs.db")
+    db = SQLiteSink(tmp_path / "subs.db")
     await db.open()
     try:
         old = {"id": 7, "status": "ACTIVE", "updatedAt": "2030-01-01T00:00:05Z"}
@@ -267,11 +284,14 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
     db = tmp_path / "subs.db"
     async with fake_server(seed=6) as server:
         mutators = [server.mutator(s, seed=1, clock=stepping_clock()) for s in STORES]
-        tracker = Tracker()
+        progress = Progress()
         messages: list[str] = []
         caught_up = asyncio.Event()
 
-        def on_message(text: str) -> None:
+        def on_message(event: object, row: object) -> None:
+            if not isinstance(event, Message):
+                return
+            text = event.text
             messages.append(text)
             # Called between pulls, so the changes land after one pull and before the next.
             if text.startswith("reconciliation 1 done"):
@@ -281,17 +301,13 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
             if text.startswith("reconciliation 2 done"):
                 caught_up.set()
 
-        tracker.listen(lambda row, event: None, on_message)
-        task = asyncio.create_task(
-            run_listen(
-                listen_configs(tmp_path, server),
-                db,
-                tracker,
-                host="127.0.0.1",
-                port=0,
-                reconcile_every=0.001,
-            )
-        )
+        progress.watch(on_message)
+
+        async def run_listen() -> None:
+            async with listening(listen_configs(tmp_path, server), db, progress) as engine:
+                await engine.run("127.0.0.1", 0, reconcile_every=0.001)
+
+        task = asyncio.create_task(run_listen())
         try:
             async with asyncio.timeout(10):
                 await caught_up.wait()
@@ -301,7 +317,7 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
                 await task
         assert task.cancelled()
         assert_exact(db, server)
-        assert tracker.runs >= 3
+        assert progress.runs >= 3
         assert any("updatedAtMin" in r.query for r in server.requests)
         urls = [t for t in messages if t.startswith("webhooks of store")]
         assert len(urls) == 2
@@ -319,18 +335,17 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
 
 
 def test_plain_progress_shows_webhook_counters_when_they_change() -> None:
-    tracker = Tracker()
+    progress = Progress()
     out = io.StringIO()
-    display = _PlainDisplay(tracker, out, 1.0)
-    tracker.listen(display.on_event, display.on_message)
-    hook = tracker.webhook("acme")
-    hook.receiver_stats = lambda: ReceiverStats(accepted=12, duplicates=2, dead_lettered=1)
-    hook.applied, hook.deletes, hook.stale = 10, 3, 1
-    tracker.webhook("globex").applied = 5
-    tracker.message("webhooks of store acme: POST http://h:1/webhooks/acme")
+    display = PlainLines(progress, out, 1.0)
+    progress.watch(display)
+    receiver = ReceiverStats(accepted=12, duplicates=2, dead_lettered=1)
+    progress(WebhookCounts("acme", receiver, applied=10, deletes=3, stale=1))
+    progress(WebhookCounts("globex", applied=5))
+    progress(Message("webhooks of store acme: POST http://h:1/webhooks/acme"))
     display.tick()
     display.tick()  # nothing changed: no line
-    tracker.webhook("globex").ignored = 1
+    progress(WebhookCounts("globex", applied=5, ignored=1))
     display.tick()
     lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines == [
@@ -349,8 +364,8 @@ def test_plain_progress_shows_webhook_counters_when_they_change() -> None:
 async def test_bad_signatures_are_401_and_nothing_is_applied(tmp_path: Path) -> None:
     db = tmp_path / "subs.db"
     async with fake_server(seed=8) as server:
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        configs = listen_configs(tmp_path, server)
+        async with listening(configs, db) as engine:
             urls = await engine.listen("127.0.0.1", 0)
             await engine.pull()
             record = {**server.records("acme", "customers")[0], "updatedAt": "2031-01-01T00:00:00Z"}
@@ -372,8 +387,9 @@ async def test_bad_signatures_are_401_and_nothing_is_applied(tmp_path: Path) -> 
                 async with session.post(unknown, data=body, headers=signed("x")) as resp:
                     assert resp.status == 404
                 await engine.join()
-                hook = tracker.webhooks["acme"]
-                assert (hook.stats().unauthorized, hook.stats().accepted, hook.applied) == (3, 0, 0)
+                hook = engine.counts("acme")
+                refused = hook.receiver.unauthorized
+                assert (refused, hook.receiver.accepted, hook.applied) == (3, 0, 0)
                 assert_exact(db, server)
 
                 # The same delivery, signed right, is applied.
@@ -382,6 +398,7 @@ async def test_bad_signatures_are_401_and_nothing_is_applied(tmp_path: Path) -> 
                 ) as resp:
                     assert resp.status == 200
                 await engine.join()
+                hook = engine.counts("acme")
             rows = table(db, "acme", "customers")
             assert rows[0][4] == "2031-01-01T00:00:00Z"
             assert hook.applied == 1
@@ -392,14 +409,13 @@ async def test_events_that_cannot_be_applied_are_dead_lettered_with_their_store(
 ) -> None:
     db = tmp_path / "subs.db"
     async with fake_server(seed=10) as server:
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        async with listening(listen_configs(tmp_path, server), db) as engine:
             urls = await engine.listen("127.0.0.1", 0)
 
             async def broken(*args: Any) -> bool:
                 raise DatabaseError("database subs.db: disk I/O error")
 
-            monkeypatch.setattr(engine.db, "upsert_record", broken)
+            monkeypatch.setattr(engine.sink, "upsert_record", broken)
             events = [
                 ("e-1", "orders/update", {"id": 1, "updatedAt": "2031-01-01T00:00:00Z"}),
                 ("e-2", "refunds/create", {"id": 2}),  # not a synced resource
@@ -414,8 +430,8 @@ async def test_events_that_cannot_be_applied_are_dead_lettered_with_their_store(
                     async with session.post(urls["globex"], data=body, headers=headers) as resp:
                         assert resp.status == 200
             await engine.join()
-            hook = tracker.webhooks["globex"]
-            assert (hook.applied, hook.ignored, hook.stats().dead_lettered) == (0, 1, 1)
+            hook = engine.counts("globex")
+            assert (hook.applied, hook.ignored, hook.receiver.dead_lettered) == (0, 1, 1)
         with contextlib.closing(sqlite3.connect(db)) as conn:
             letters = conn.execute(
                 "SELECT event_id, topic, error, store FROM webhook_dead_letters"
@@ -711,8 +727,8 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
                     assert resp.status == 200
 
     async def failing_run(ids: Sequence[str]) -> None:
-        async with ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine:
-            monkeypatch.setattr(engine.db, "upsert_record", broken)
+        async with listening(listen_configs(tmp_path, server), db) as engine:
+            monkeypatch.setattr(engine.sink, "upsert_record", broken)
             urls = await engine.listen("127.0.0.1", 0)
             await post_updates(urls["acme"], ids)
             await engine.join()
@@ -727,27 +743,25 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
 
         # Still failing at the next two starts: 10, then 15 attempts; then no more on start.
         for _ in range(2):
-            async with ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine:
-                monkeypatch.setattr(engine.db, "upsert_record", broken)
+            async with listening(listen_configs(tmp_path, server), db) as engine:
+                monkeypatch.setattr(engine.sink, "upsert_record", broken)
                 await engine.listen("127.0.0.1", 0)
                 await engine.join()
                 monkeypatch.undo()
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("SELECT attempts FROM webhook_dead_letters").fetchall() == [(15,)]
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        async with listening(listen_configs(tmp_path, server), db) as engine:
             await engine.listen("127.0.0.1", 0)
             await engine.join()
-            assert tracker.webhooks["acme"].applied == 0  # the bound: not requeued on start
+            assert engine.counts("acme").applied == 0  # the bound: not requeued on start
 
         # By hand, whatever the attempts: back to the inbox, applied at the next start.
         assert await asyncio.to_thread(main, ["dead-letters", "--db", str(db), "--requeue"]) == 0
         assert "1 moved to webhook_inbox" in capsys.readouterr().out
-        tracker = Tracker()
-        async with ListenSync(listen_configs(tmp_path, server), db, tracker) as engine:
+        async with listening(listen_configs(tmp_path, server), db) as engine:
             await engine.listen("127.0.0.1", 0)
             await engine.join()
-            assert tracker.webhooks["acme"].applied == 1
+            assert engine.counts("acme").applied == 1
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
@@ -760,7 +774,7 @@ async def test_the_webhook_tables_exist_before_the_first_event(tmp_path: Path) -
     db = tmp_path / "subs.db"
     async with (
         fake_server(seed=14) as server,
-        ListenSync(listen_configs(tmp_path, server), db, Tracker()) as engine,
+        listening(listen_configs(tmp_path, server), db) as engine,
     ):
         await engine.listen("127.0.0.1", 0)
         with contextlib.closing(sqlite3.connect(db)) as conn:
@@ -777,7 +791,7 @@ async def test_one_secret_for_all_stores_cannot_move_a_delivery_to_another_store
     shared = "one-secret-for-all"
     async with fake_server(seed=15) as server:
         configs = [attrs.evolve(c, webhook_secret=shared) for c in listen_configs(tmp_path, server)]
-        async with ListenSync(configs, db, Tracker()) as engine:
+        async with listening(configs, db) as engine:
             urls = await engine.listen("127.0.0.1", 0)
             await engine.pull()
             victim = server.records("acme", "subscriptions")[0]

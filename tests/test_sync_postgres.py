@@ -29,17 +29,24 @@ from redis_fixtures import redis_server_fixture
 from test_sync import RESOURCES, STORES, env_name, write_config
 
 from asyncsubs.__main__ import main
-from asyncsubs.cli._app import cmd_sync_status
-from asyncsubs.cli._config_file import PostgresURL, load_config, parse_db_url
-from asyncsubs.cli._progress import Tracker
-from asyncsubs.cli._sync import LeaseLostError, PageWrite, Sink, SyncDB
-from asyncsubs.cli._workers import run_workers
+from asyncsubs.cli._progress import Progress
+from asyncsubs.cli._status import cmd_sync_status
+from asyncsubs.sync import (
+    LeaseLostError,
+    ListenSync,
+    PageWrite,
+    Sink,
+    SyncEngine,
+    load_config,
+    run_round,
+    sink_for,
+)
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 # Under CI the dev extra installs psycopg: an import error there fails the module.
 psycopg = __import__("psycopg") if os.environ.get("CI") else pytest.importorskip("psycopg")
 
-from asyncsubs.cli._postgres import PostgresInbox, PostgresSink  # noqa: E402
+from asyncsubs.sync.postgres import PostgresInbox, PostgresSink  # noqa: E402
 from asyncsubs.webhooks import InboxEntry  # noqa: E402
 
 __all__ = ["pg_url_fixture", "postgres_server_fixture", "redis_server_fixture"]
@@ -113,8 +120,7 @@ def sink_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def make_sink(url: str) -> Sink:
-    db = parse_db_url(url)
-    return PostgresSink(db.url) if isinstance(db, PostgresURL) else SyncDB(db)
+    return sink_for(url)
 
 
 def page(store: str, records: list[dict[str, Any]], cursor: str | None, *, new: bool) -> PageWrite:
@@ -272,25 +278,22 @@ def test_workers_split_the_units_and_each_unit_has_one_writer(
             writers.setdefault((write.store, write.resource), set()).add(self.holder)
             await super().commit_page(write)
 
-    async def worker(name: str) -> Tracker:
+    async def worker(name: str) -> Progress:
         sink = Recording(pg_url, holder=name)
-        tracker = Tracker()
-        await sink.open()
-        try:
-            await run_workers(configs, sink, tracker, max_stores=1)
-        finally:
-            await sink.aclose()
-        return tracker
+        progress = Progress()
+        async with sink, SyncEngine(configs, sink, progress, max_stores=1) as engine:
+            await run_round(engine)
+        return progress
 
-    async def three() -> list[Tracker]:
+    async def three() -> list[Progress]:
         return await asyncio.gather(*(worker(f"w{i}") for i in range(3)))
 
-    trackers = asyncio.run(three())
+    progresses = asyncio.run(three())
     assert_exact(pg_url, server)
     assert set(writers) == {(s, r) for s in STORES for r in RESOURCES}
     assert all(len(holders) == 1 for holders in writers.values()), writers
     # Each worker's progress shows the units it held; together, every unit once.
-    held = [key for tracker in trackers for key in tracker.rows]
+    held = [key for progress in progresses for key in progress.rows]
     assert sorted(held) == sorted(writers)
     assert all(state == "done" and holder is None for state, holder in units(pg_url).values())
 
@@ -345,7 +348,7 @@ def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:
     err = capsys.readouterr().err
     assert code in (1, 2)
     assert "s3cret" not in err
-    assert repr(PostgresURL(url)).count("s3cret") == 0
+    assert repr(sink_for(url)).count("s3cret") == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,14 +502,11 @@ async def test_two_listening_workers_converge_on_the_servers_rows(
 ) -> None:
     from test_sync_listen import SECRETS, fake_server, listen_configs, stepping_clock
 
-    from asyncsubs.cli._listen import ListenSync
-
     async with fake_server(seed=4) as server:
         configs = listen_configs(tmp_path, server)
-        db = PostgresURL(pg_url)
         async with (
-            ListenSync(configs, db, Tracker()) as first,
-            ListenSync(configs, db, Tracker()) as second,
+            ListenSync(configs, sink_for(pg_url), Progress()) as first,
+            ListenSync(configs, sink_for(pg_url), Progress()) as second,
         ):
             urls = {"acme": (await first.listen("127.0.0.1", 0))["acme"]}
             urls["globex"] = (await second.listen("127.0.0.1", 0))["globex"]
@@ -527,8 +527,8 @@ async def test_two_listening_workers_converge_on_the_servers_rows(
             await first.join()
             await second.join()
             # Each worker's receiver applied its store's webhooks to the shared tables.
-            assert first.tracker.webhooks["acme"].applied > 0
-            assert second.tracker.webhooks["globex"].applied > 0
+            assert first.counts("acme").applied > 0
+            assert second.counts("globex").applied > 0
             assert query(pg_url, "SELECT count(*) FROM webhook_inbox") == [(0,)]
             await asyncio.gather(first.pull(), second.pull())  # a reconciliation, shared
         for store in ("acme", "globex"):
@@ -572,8 +572,8 @@ def test_bad_redis_url_is_a_usage_error_that_does_not_echo_it(
 
 
 async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, capsys: Any) -> None:
-    from asyncsubs.cli._listen import dead_letters
-    from asyncsubs.cli._postgres import PostgresDeadLetters
+    from asyncsubs.cli._dead_letters import dead_letters
+    from asyncsubs.sync.postgres import PostgresDeadLetters
     from asyncsubs.webhooks import DeadLetter
 
     sink = PostgresSink(pg_url)
@@ -587,8 +587,8 @@ async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, c
         assert await PostgresDeadLetters(sink).all() == [letter, other]
     finally:
         await sink.aclose()
-    letters, moved = await dead_letters(PostgresURL(pg_url), stores=["acme"], requeue=True)
-    assert (letters, moved) == ([letter], 1)
+    found = await dead_letters(sink_for(pg_url), stores=["acme"], requeue=True)
+    assert found == ([letter], 1)
     assert query(pg_url, "SELECT store, event_id, attempts FROM webhook_inbox") == [
         ("acme", "e1", 0)
     ]

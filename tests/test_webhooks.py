@@ -686,14 +686,17 @@ async def test_requeueing_one_stores_dead_letters_keeps_other_stores_with_the_sa
 
 
 async def test_the_command_requeues_one_stores_dead_letters_only(tmp_path: Path) -> None:
-    from asyncsubs.cli._listen import dead_letters
+    from asyncsubs.cli._dead_letters import dead_letters
+    from asyncsubs.sync import sink_for
 
     db = tmp_path / "sync.db"
     dead = SQLiteDeadLetters(db)
     for store in ("acme", "globex"):
         await dead.add(letter_of(store))
     await dead.aclose()
-    letters, moved = await dead_letters(db, stores=["acme"], requeue=True)
+    found = await dead_letters(sink_for(str(db)), stores=["acme"], requeue=True)
+    assert found is not None
+    letters, moved = found
     assert ([x.store for x in letters], moved) == (["acme"], 1)
     with sqlite3.connect(db) as conn:
         left = conn.execute("SELECT store, event_id FROM webhook_dead_letters").fetchall()

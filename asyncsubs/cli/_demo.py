@@ -1,4 +1,4 @@
-"""``asyncsubs demo`` and ``asyncsubs fake-server``: the embedded fake service.
+"""``asyncsubs demo``: the embedded fake service, synced.
 
 The demo starts ``FakeAdminServer`` in a process of its own with several stores whose server-side
 rate limits equal the client's limits (each store with a different window flavour: sliding, fixed,
@@ -21,15 +21,16 @@ import attrs
 
 from .. import Limits, Rate
 from ..errors import ConfigError
-from ._config_file import RESOURCES, StoreConfig, parse_sqlite_url
-from ._lock import hold_database
-from ._progress import Tracker, choose_mode, plural, print_table
-from ._running import CommandFailed, display_mode, note, positive_int, raise_failures, run_async
+from ..sync import RESOURCES, Sink, StoreConfig, SyncEngine, run_round, sink_for
+from ._common import CommandFailed, Runner, non_negative_int, positive_int
+from ._output import Output
+from ._progress import Progress, plural
+from ._tables import print_table
 
 if TYPE_CHECKING:
     from ..testing import RemoteFakeServer
 
-__all__ = ["DEMO_STORES", "DemoStore", "add_demo_parsers"]
+__all__ = ["DEMO_STORES", "DemoStore", "add_parser"]
 
 GLOBAL_RATE: Final = Rate(50, per=1.0)
 DEMO_PAGE_SIZE: Final = 250  # the fake server's maximum
@@ -74,25 +75,15 @@ DEMO_STORES: Final = (
 )
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
+def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo",
         parents=[output],
         help="sync embedded fake stores into SQLite (no setup, no network)",
         description=(
-            "Start a fake admin server in this process with several stores and realistic rate "
-            "limits, sync them into SQLite with live progress, and summarise requests, 429s "
-            "and achieved against allowed rates."
+            "Start a fake admin server in a process of its own with several stores and "
+            "realistic rate limits, sync them into SQLite with live progress, and summarise "
+            "requests, 429s and achieved against allowed rates."
         ),
     )
     demo.add_argument(
@@ -107,7 +98,7 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--records",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="records per resource in every store (default: a realistic mix, ~20 s)",
     )
@@ -120,35 +111,6 @@ def add_demo_parsers(commands: Any, output: argparse.ArgumentParser) -> None:
         help="records per request",
     )
     demo.set_defaults(handler=cmd_demo)
-
-    fake = commands.add_parser(
-        "fake-server",
-        help="run the fake admin server for your own development",
-        description=(
-            "Serve the admin interface on loopback with deterministic records, cursor "
-            "pagination, auth and rate limits; prints each store's base URL and token. "
-            "Ctrl-C stops it."
-        ),
-    )
-    fake.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    fake.add_argument("--port", type=_non_negative_int, default=8080, help="0 = any free port")
-    fake.add_argument("--stores", type=positive_int, default=2, metavar="N", help="stores")
-    fake.add_argument(
-        "--records", type=_non_negative_int, default=1000, metavar="N", help="records per resource"
-    )
-    fake.add_argument("--seed", type=int, default=0, help="data seed (same seed, same records)")
-    fake.add_argument(
-        "--latency-ms", type=float, default=0.0, metavar="MS", help="added to every answer"
-    )
-    fake.add_argument(
-        "--no-rate-limits", action="store_true", help="never answer 429 (default: 50/s global)"
-    )
-    fake.add_argument("--debug", action="store_true", help="tracebacks on errors")
-    fake.set_defaults(handler=cmd_fake_server)
-
-
-# ---------------------------------------------------------------------------------------------
-# demo
 
 
 def demo_stores(count: int, records: int | None, quick: bool) -> list[DemoStore]:
@@ -166,15 +128,15 @@ def demo_stores(count: int, records: int | None, quick: bool) -> list[DemoStore]
 
 
 @contextlib.contextmanager
-def _database(url: str | None) -> Iterator[tuple[Path, bool]]:
+def _database(url: str | None) -> Iterator[tuple[Sink, bool]]:
     if url is not None:
-        path = parse_sqlite_url(url, what="demo")
-        if not path.parent.is_dir():
-            raise ConfigError(f"--db: directory {path.parent} does not exist")
-        yield path, True
+        sink = sink_for(url)
+        if sink.leases is not None:  # a database shared by workers is not the demo's
+            raise ConfigError("--db: demo works on a SQLite database only")
+        yield sink, True
         return
     with tempfile.TemporaryDirectory(prefix="asyncsubs-demo-") as tmp:
-        yield Path(tmp) / "demo.db", False
+        yield sink_for(str(Path(tmp) / "demo.db")), False
 
 
 @attrs.frozen
@@ -185,14 +147,11 @@ class _PoolReport:
     peak: int  # most accepted starts in any window of the pool's length
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     from ..testing import FakeStoreConfig, ServerRateLimits, run_in_process
-    from ._sync import run_sync
 
     stores = demo_stores(args.stores, args.records, args.quick)
-    tracker = Tracker(verbose=args.verbose)
-    mode = choose_mode(sys.stderr, quiet=args.quiet, force=display_mode(args))
-    started = time.monotonic()
+    runner = Runner(args, out)
     server_stores = [
         FakeStoreConfig(
             s.name,
@@ -201,13 +160,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         for s in stores
     ]
-
+    launched = time.monotonic()
     # The server runs in a process of its own, as a real one does elsewhere: sharing this
     # process, it would stamp requests late by the client's own work (parsing pages, writing
     # rows), and read as a server whose limiter lags by tens of milliseconds now and then.
     with (
-        _database(args.db) as (db_path, kept),
-        hold_database(db_path),
+        _database(args.db) as (sink, kept),
+        sink.lock(),
         run_in_process(
             make_records=True,
             stores=server_stores,
@@ -226,11 +185,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             for s in stores
         ]
+
+        async def sync() -> None:
+            async with sink, SyncEngine(configs, sink, runner.progress) as engine:
+                await run_round(engine)
+
+        # The sync's time, as its rows count theirs: the server's start comes before.
+        started = time.monotonic()
         interrupted = ran = False
         try:
-            run_async(
-                lambda: run_sync(configs, db_path, tracker), tracker, mode, args.progress_interval
-            )
+            runner.run(sync)
             ran = True
         except CommandFailed:
             interrupted = True
@@ -239,13 +203,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             # Not after an error that stopped the demo (a bad --db): its line says it all.
             if not args.quiet and (ran or interrupted):
                 reports = _server_reports(server, stores)
-                _summary(stores, tracker, reports, time.monotonic() - started)
-                where = f"kept at {db_path}" if kept else "a temporary file, now deleted"
+                elapsed = time.monotonic() - started
+                _summary(stores, runner.progress, reports, elapsed, started - launched)
+                where = f"kept at {sink.where}" if kept else "a temporary file, now deleted"
                 sys.stdout.write(f"database: {where}\n")
                 sys.stdout.flush()
             if interrupted:
-                note("interrupted" + ("; rerun with the same --db to resume" if kept else ""))
-    raise_failures(tracker, mode)
+                note = "interrupted" + ("; rerun with the same --db to resume" if kept else "")
+                out.note(note)
+    runner.raise_failures()
     return 0
 
 
@@ -273,38 +239,37 @@ def _server_reports(
 
 def _summary(
     stores: Sequence[DemoStore],
-    tracker: Tracker,
+    progress: Progress,
     reports: Mapping[tuple[str, str], _PoolReport],
     elapsed: float,
+    startup: float,
 ) -> None:
     rows = []
     total_requests = total_429 = 0
     for store in stores:
         for resource in RESOURCES:
-            progress = tracker.rows.get((store.name, resource))
+            row = progress.rows.get((store.name, resource))
             report = reports.get((store.name, resource))
-            if progress is None:
+            if row is None:
                 continue
-            stats = progress.pool_stats()
             rate = store.heavy[resource]
-            total_requests += stats.requests
-            total_429 += stats.rate_limited
+            total_requests += row.stats.requests
+            total_429 += row.stats.rate_limited
             achieved = (
                 "-" if report is None or report.achieved is None else f"{report.achieved:.2f}"
             )
-            peak = "-" if report is None else f"{report.peak}/{rate.n}"
             rows.append(
                 [
                     store.name,
                     resource,
-                    f"{progress.records:,}",
-                    "" if progress.rows is None else f"{progress.rows:,}",
-                    f"{stats.requests:,}",
-                    f"{stats.rate_limited:,}",
+                    f"{row.records:,}",
+                    "" if row.rows is None else f"{row.rows:,}",
+                    f"{row.stats.requests:,}",
+                    f"{row.stats.rate_limited:,}",
                     achieved,
                     f"{rate.per_second:.2f}",
-                    peak,
-                    f"{progress.elapsed():.1f}s",
+                    "-" if report is None else f"{report.peak}/{rate.n}",
+                    f"{row.elapsed():.1f}s",
                 ]
             )
     windows = ", ".join(f"{s.name}: {s.window}" for s in stores)
@@ -325,78 +290,11 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{plural(tracker.records, 'record')}, {plural(total_requests, 'request')}, "
-            f"{total_429:,} 429s in {elapsed:.1f}s",
+            f"{plural(progress.records, 'record')}, {plural(total_requests, 'request')}, "
+            f"{total_429:,} 429s in {elapsed:.1f}s (the fake server started in {startup:.1f}s "
+            "before)",
             "req/s achieved: accepted request starts per second, as the server measured them",
             "peak/window: most starts the server saw in any window of the pool's length / limit",
             f"server rate-limit windows: {windows}",
         ],
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# fake-server
-
-
-def _env_name(store: str) -> str:
-    return "FAKE_" + "".join(c if c.isalnum() else "_" for c in store).upper() + "_TOKEN"
-
-
-def cmd_fake_server(args: argparse.Namespace) -> int:
-    from ..testing import FakeAdminServer, ServerRateLimits, serve_forever
-
-    limits = None if args.no_rate_limits else ServerRateLimits()
-
-    def ready(server: FakeAdminServer) -> None:
-        server.make_records()
-        envs = {name: _env_name(name) for name in server.tokens}
-        first, first_token = next(iter(server.tokens.items()))
-        pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
-        lines = [
-            f"fake admin server on {server.base_url} (API base {server.api_url}); Ctrl-C stops it",
-            "",
-            *(f"store {name}: token {token}" for name, token in server.tokens.items()),
-            "",
-            f"# pull from {first}:",
-            f"export ASYNCSUBS_BASE_URL={server.base_url}",
-            f"export ASYNCSUBS_TOKEN={first_token}",
-            f"asyncsubs pull subscriptions --store {first} --limit 5{pull_rate}",
-            "",
-            "# sync every store: save the TOML below as stores.toml, then",
-            *(f"export {envs[name]}={token}" for name, token in server.tokens.items()),
-            "asyncsubs sync --config stores.toml --db sqlite:///fake.db",
-            "",
-            "[defaults]",
-            f"page_size = {server.max_page_size}  # the fake server's largest page",
-            "",
-        ]
-        if limits is not None:
-            heavy = ", ".join(f'{path} = "{rate}"' for path, rate in limits.heavy.items())
-            lines += [
-                "[defaults.limits]  # the limits the fake server enforces",
-                f'global = "{limits.global_rate}"',
-                f"heavy = {{ {heavy} }}",
-                "",
-            ]
-        for name in server.tokens:
-            lines += [f"[stores.{name}]", f'base_url = "{server.base_url}"']
-            lines += [f'token_env = "{envs[name]}"', ""]
-        sys.stdout.write("\n".join(lines))
-        sys.stdout.flush()
-
-    try:
-        serve_forever(
-            ready=ready,
-            stores=args.stores,
-            records=args.records,
-            seed=args.seed,
-            host=args.host,
-            port=args.port,
-            latency=args.latency_ms / 1000.0 if args.latency_ms > 0 else None,
-            rate_limits=limits,
-        )
-    except KeyboardInterrupt:
-        return 0
-    except OSError as exc:
-        raise CommandFailed([f"cannot listen on {args.host}:{args.port}: {exc.strerror}"]) from None
-    return 0

@@ -1,13 +1,14 @@
 """The PostgreSQL sink: the SQLite sink's tables and rules in a database many workers share.
 
-Tables as in ``_sync`` (``subscriptions``, ``customers``, ``orders``, ``asyncsubs_sync_state``,
+Tables as in ``sqlite`` (``subscriptions``, ``customers``, ``orders``, ``asyncsubs_sync_state``,
 ``asyncsubs_deleted``) with PostgreSQL's types (``raw`` JSONB, times ``timestamptz``), the same
 upsert rule (newer-or-equal ``updated_at`` wins, deleted ids never return) and each page
 committed with its cursor in one transaction. Two more tables:
 
 - ``asyncsubs_sync_units``: one row per (store, resource), the unit of work: its state in the
   current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
-  (``holder``, ``lease_until``). See ``_workers`` for how workers claim and release them.
+  (``holder``, ``lease_until``): the sink's ``Leases`` (see ``_schedulers`` for how workers
+  claim and release units).
 - ``webhook_inbox`` and ``webhook_dead_letters``: ``sync --listen``'s durable inbox and dead
   letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
 
@@ -28,26 +29,30 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import attrs
-
-from ..webhooks import DeadLetter, InboxEntry
-from ._config_file import RESOURCES, PostgresURL
-from ._sync import (
+from ..webhooks import DeadLetter, Inbox, InboxEntry
+from ._sink import (
     DEFAULT_LEASE,
     DELETED_TABLE,
+    RECORD_UPDATE,
+    STATE_COLUMNS,
     STATE_TABLE,
+    STATE_UPDATE,
     DatabaseError,
+    DeadLetters,
     LeaseLostError,
     PageWrite,
-    ResourceState,
-    newer,
+    SinkLifetime,
+    UnitState,
+    UnitStatus,
     record_columns,
+    schema,
     text_value,
 )
 
@@ -61,11 +66,11 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 __all__ = [
-    "UNITS_TABLE",
     "PostgresDeadLetters",
     "PostgresInbox",
     "PostgresSink",
-    "UnitStatus",
+    "UNITS_TABLE",
+    "shown_url",
 ]
 
 UNITS_TABLE: Final = "asyncsubs_sync_units"
@@ -81,46 +86,8 @@ _SCHEMA_LOCK: Final = 0x61737562_0001
 _ROUND_LOCK: Final = 0x61737562_0002
 
 
-def _table_sql(resource: str) -> str:
-    return f"""
-        CREATE TABLE IF NOT EXISTS {resource} (
-            store text NOT NULL,
-            id text NOT NULL,
-            status text,
-            customer_id text,
-            created_at text,
-            updated_at text,
-            raw jsonb NOT NULL,
-            synced_at timestamptz NOT NULL,
-            PRIMARY KEY (store, id)
-        )"""
-
-
 _SCHEMA: Final = (
-    *(_table_sql(resource) for resource in RESOURCES),
-    f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-        store text NOT NULL,
-        resource text NOT NULL,
-        cursor text,
-        done boolean NOT NULL,
-        run_params jsonb,
-        run_from jsonb,
-        next_from jsonb,
-        seen_max jsonb,
-        run_pages integer NOT NULL,
-        run_records bigint NOT NULL,
-        run_started_at timestamptz NOT NULL,
-        run_finished_at timestamptz,
-        updated_at timestamptz NOT NULL,
-        PRIMARY KEY (store, resource)
-    )""",
-    f"""CREATE TABLE IF NOT EXISTS {DELETED_TABLE} (
-        store text NOT NULL,
-        resource text NOT NULL,
-        id text NOT NULL,
-        deleted_at timestamptz NOT NULL,
-        PRIMARY KEY (store, resource, id)
-    )""",
+    *schema(json="jsonb", time="timestamptz", flag="boolean", count="integer", big="bigint"),
     f"""CREATE TABLE IF NOT EXISTS {UNITS_TABLE} (
         store text NOT NULL,
         resource text NOT NULL,
@@ -170,13 +137,7 @@ def _upsert_sql(resource: str) -> str:
         WHERE NOT EXISTS (
             SELECT 1 FROM {DELETED_TABLE} d
             WHERE d.store = %s AND d.resource = '{resource}' AND d.id = %s)
-        ON CONFLICT (store, id) DO UPDATE SET
-            status = excluded.status,
-            customer_id = excluded.customer_id,
-            created_at = excluded.created_at,
-            updated_at = excluded.updated_at,
-            raw = excluded.raw,
-            synced_at = excluded.synced_at
+        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
         WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
             OR coalesce(asyncsubs_instant(excluded.updated_at) >= asyncsubs_instant(t.updated_at),
                         excluded.updated_at >= t.updated_at)"""
@@ -200,35 +161,36 @@ def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, tuple[list[str], l
     )
 
 
-@attrs.frozen
-class UnitStatus:
-    """One unit as ``sync-status`` shows it."""
-
-    store: str
-    resource: str
-    state: str
-    holder: str | None
-    lease_left: float | None
-    records: int | None
-    pages: int | None
-    cursor_age: float | None
-    error: str | None
+def shown_url(url: str) -> str:
+    """``scheme://user@host:port/db``, read by hand: a password holding '/' or '#' makes
+    urlsplit take part of it for a port or a path. Up to the last '@' is credentials (the user
+    shown, not the password); the query (libpq takes ``password=`` there too) is not shown, nor
+    a "port" that is no number (``postgresql://user:secret/db``, the host left out)."""
+    scheme, _, rest = url.partition("://")
+    credentials, at, rest = rest.rpartition("@")
+    user = credentials.partition(":")[0]
+    host, slash, path = re.split(r"[?#]", rest, maxsplit=1)[0].partition("/")
+    name, colon, port = host.rpartition(":")
+    if colon and not port.isdigit() and not name.endswith("]") and ":" not in name:
+        host = name
+    return f"{scheme}://{user + '@' if at and user else ''}{host}{slash}{path}"
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-class PostgresSink:
-    """The sync database on PostgreSQL; the ``Sink`` of ``_sync`` plus leases on units.
+class PostgresSink(SinkLifetime):
+    """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
     ``holder`` names this worker in the units table (default: host, pid and a random part).
     """
 
     def __init__(self, url: str, *, lease: float = DEFAULT_LEASE, holder: str | None = None):
         self.url = url
-        self.where = PostgresURL(url).where
+        self.where = shown_url(url)
         self.lease = lease
+        self.leases = self
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._pool = AsyncConnectionPool(
             url,
@@ -246,6 +208,9 @@ class PostgresSink:
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
 
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # workers share the database through leases
+
     def _error(self, exc: BaseException) -> DatabaseError:
         text = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, PoolTimeout):
@@ -253,7 +218,7 @@ class PostgresSink:
         return DatabaseError(f"database {self.where}: {text}")
 
     @contextlib.asynccontextmanager
-    async def _transaction(
+    async def transaction(
         self, *, timeout: float | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A connection of the pool inside one transaction; psycopg errors as DatabaseError."""
@@ -271,7 +236,7 @@ class PostgresSink:
             raise self._error(exc) from None
         # Concurrent first runs: CREATE ... IF NOT EXISTS is not safe against itself, so
         # workers create the schema one after the other.
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             for statement in _SCHEMA:
                 await conn.execute(statement)
@@ -285,39 +250,24 @@ class PostgresSink:
 
     # -- the Sink interface ---------------------------------------------------------------------
 
-    async def load_state(self, store: str, resource: str) -> ResourceState:
-        async with self._transaction() as conn:
+    async def load_state(self, store: str, resource: str) -> UnitState:
+        async with self.transaction() as conn:
             return await self._load_state(conn, store, resource)
 
     @staticmethod
     async def _load_state(
         conn: psycopg.AsyncConnection[Any], store: str, resource: str, *, lock: bool = False
-    ) -> ResourceState:
+    ) -> UnitState:
         cur = await conn.execute(
-            f"SELECT cursor, done, run_params, run_from, next_from, seen_max, run_pages,"
-            f" run_records FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
+            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
             + (" FOR UPDATE" if lock else ""),
             (store, resource),
         )
-        row = await cur.fetchone()
-        if row is None:
-            return ResourceState()
-        return ResourceState(
-            exists=True,
-            cursor=row[0],
-            done=row[1],
-            run_params=row[2] or {},
-            run_from=row[3],
-            next_from=row[4],
-            seen_max=row[5],
-            run_pages=row[6],
-            run_records=row[7],
-        )
+        return UnitState.from_row(await cur.fetchone(), lambda value: value)
 
     async def commit_page(self, w: PageWrite) -> None:
         rows, page_max = w.rows(_params)
-        done = w.next_cursor is None
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             # The lease is checked (and renewed) first: its row lock keeps a takeover out
             # until this page and its cursor are committed.
             cur = await conn.execute(
@@ -331,41 +281,22 @@ class PostgresSink:
                 async with conn.cursor() as cursor:
                     await cursor.executemany(_upsert_sql(w.resource), rows)
             old = await self._load_state(conn, w.store, w.resource, lock=True)
+            new = w.state_after(old, len(rows), page_max)
             await conn.execute(
-                f"""INSERT INTO {STATE_TABLE} (store, resource, cursor, done, run_params,
-                        run_from, next_from, seen_max, run_pages, run_records, run_started_at,
-                        run_finished_at, updated_at)
+                f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
+                        run_started_at, run_finished_at, updated_at)
                     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),
                             CASE WHEN %s THEN now() END, now())
-                    ON CONFLICT (store, resource) DO UPDATE SET
-                        cursor = excluded.cursor,
-                        done = excluded.done,
-                        run_params = excluded.run_params,
-                        run_from = excluded.run_from,
-                        next_from = excluded.next_from,
-                        seen_max = excluded.seen_max,
-                        run_pages = excluded.run_pages,
-                        run_records = excluded.run_records,
+                    ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
                         run_started_at = CASE WHEN %s THEN excluded.run_started_at
-                                         ELSE {STATE_TABLE}.run_started_at END,
-                        run_finished_at = excluded.run_finished_at,
-                        updated_at = excluded.updated_at""",
+                                         ELSE {STATE_TABLE}.run_started_at END""",
                 (
-                    w.store,
-                    w.resource,
-                    w.next_cursor,
-                    done,
-                    Jsonb(dict(w.run_params)),
-                    _jsonb(w.run_from),
-                    _jsonb(w.run_from if done else old.next_from),
-                    _jsonb(newer(old.seen_max, page_max)),
-                    1 if w.new_run else old.run_pages + 1,
-                    len(rows) if w.new_run else old.run_records + len(rows),
-                    done,
-                    w.new_run,
+                    *(w.store, w.resource, new.cursor, new.done, Jsonb(dict(new.run_params))),
+                    *map(_jsonb, (new.run_from, new.next_from, new.seen_max)),
+                    *(new.run_pages, new.run_records, new.done, w.new_run),
                 ),
             )
-            if done:
+            if new.done:
                 # The unit is done with its last page: no window in which a crash leaves it
                 # finished but still pending (which would pull it again).
                 await conn.execute(
@@ -376,13 +307,13 @@ class PostgresSink:
                 await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(_upsert_sql(resource), _params(store, record))
             return cur.rowcount > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
         record_id = text_value(record_id)
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             await conn.execute(
                 f"DELETE FROM {resource} WHERE store = %s AND id = %s", (store, record_id)
             )
@@ -393,7 +324,7 @@ class PostgresSink:
             )
 
     async def count(self, store: str, resource: str) -> int:
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(f"SELECT count(*) FROM {resource} WHERE store = %s", (store,))
             row = await cur.fetchone()
             return int(row[0]) if row else 0
@@ -405,7 +336,7 @@ class PostgresSink:
         last is finished (done or failed); True when this call started it (or added units
         never seen before)."""
         where, arrays = _in_units(units)
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
@@ -432,7 +363,7 @@ class PostgresSink:
         stores in ``prefer`` (this worker's clients already pace them); None when there is none.
         """
         where, arrays = _in_units(units)
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(
                 f"""UPDATE {UNITS_TABLE} u SET holder = %s, claimed_at = now(),
                         lease_until = now() + make_interval(secs => %s)
@@ -452,7 +383,7 @@ class PostgresSink:
         """The heartbeat: extend every lease this worker holds; those of ``units`` (believed
         held) that another worker has taken over or that this one no longer holds."""
         where, arrays = _in_units(units)
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %s)"
                 " WHERE holder = %s AND state = 'pending'",
@@ -467,7 +398,7 @@ class PostgresSink:
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
         """Give up the lease of ``unit`` (failed with ``error``: it is not retried this round)."""
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
                 " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
@@ -479,7 +410,7 @@ class PostgresSink:
     async def release_all(self) -> None:
         """Give up every lease this worker holds (stopping), so others take them at once.
         Not for long: after a database error, the leases may as well expire."""
-        async with self._transaction(timeout=2.0) as conn:
+        async with self.transaction(timeout=2.0) as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
                 (self.holder,),
@@ -491,7 +422,7 @@ class PostgresSink:
         lease held by another worker may expire (the lease length if only this one holds
         pending units)."""
         where, arrays = _in_units(units)
-        async with self._transaction() as conn:
+        async with self.transaction() as conn:
             cur = await conn.execute(
                 f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
                         (WHERE holder IS DISTINCT FROM %s) - now())
@@ -514,30 +445,52 @@ class PostgresSink:
         except psycopg.Error as exc:
             raise self._error(exc) from None
 
+    # -- read without opening: sync-status and dead-letters -------------------------------------
+
+    async def _read(self, sql: str) -> list[Any]:
+        """Rows of ``sql`` on a connection of its own (no pool, no schema created)."""
+        try:
+            async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=10) as conn:
+                await _configure(conn)
+                return await (await conn.execute(sql)).fetchall()
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+
+    async def _has_table(self, name: str) -> bool:
+        return bool((await self._read(f"SELECT to_regclass('{name}')"))[0][0])
+
     async def status(self) -> list[UnitStatus]:
-        async with self._transaction() as conn:
-            cur = await conn.execute(
-                f"""SELECT u.store, u.resource, u.state, u.holder,
-                        extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,
-                        extract(epoch FROM now() - s.updated_at), u.error
-                    FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
-                        ON s.store = u.store AND s.resource = u.resource
-                    ORDER BY u.store, u.resource"""
+        if not await self._has_table(UNITS_TABLE):
+            return []
+        rows = await self._read(
+            f"""SELECT u.store, u.resource, u.state, u.holder,
+                    extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,
+                    extract(epoch FROM now() - s.updated_at), u.error
+                FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
+                    ON s.store = u.store AND s.resource = u.resource
+                ORDER BY u.store, u.resource"""
+        )
+        return [
+            UnitStatus(
+                store=r[0],
+                resource=r[1],
+                state=r[2],
+                holder=r[3],
+                lease_left=None if r[4] is None else float(r[4]),
+                records=r[5],
+                pages=r[6],
+                cursor_age=None if r[7] is None else float(r[7]),
+                error=r[8],
             )
-            return [
-                UnitStatus(
-                    store=r[0],
-                    resource=r[1],
-                    state=r[2],
-                    holder=r[3],
-                    lease_left=None if r[4] is None else float(r[4]),
-                    records=r[5],
-                    pages=r[6],
-                    cursor_age=None if r[7] is None else float(r[7]),
-                    error=r[8],
-                )
-                for r in await cur.fetchall()
-            ]
+            for r in rows
+        ]
+
+    async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
+        # One pool: an inbox write takes a connection of its own, never waiting for a page.
+        return PostgresInbox(self), PostgresDeadLetters(self)
+
+    async def has_webhook_tables(self) -> bool:
+        return await self._has_table(DEAD_LETTER_TABLE)
 
 
 def _epoch(value: datetime) -> float:
@@ -556,7 +509,7 @@ class PostgresInbox:
         self.sink = sink
 
     async def add(self, entry: InboxEntry) -> bool:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             cur = await conn.execute(
                 f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
                 " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -571,7 +524,7 @@ class PostgresInbox:
             return cur.rowcount > 0
 
     async def pending(self, store: str) -> list[InboxEntry]:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             cur = await conn.execute(
                 f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
                 " WHERE store = %s ORDER BY received_at, event_id",
@@ -583,7 +536,7 @@ class PostgresInbox:
             ]
 
     async def remove(self, store: str, event_id: str) -> None:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             await conn.execute(
                 f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s", (store, event_id)
             )
@@ -596,7 +549,7 @@ class PostgresDeadLetters:
         self.sink = sink
 
     async def add(self, letter: DeadLetter) -> None:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             await conn.execute(
                 f"INSERT INTO {DEAD_LETTER_TABLE}"
                 " (event_id, topic, body, error, attempts, failed_at, store)"
@@ -613,7 +566,7 @@ class PostgresDeadLetters:
             )
 
     async def all(self) -> list[DeadLetter]:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             cur = await conn.execute(
                 "SELECT event_id, topic, body, error, attempts, failed_at, store"
                 f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
@@ -624,14 +577,14 @@ class PostgresDeadLetters:
             ]
 
     async def remove(self, event_id: str) -> int:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             cur = await conn.execute(
                 f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
             )
             return cur.rowcount
 
     async def remove_for_store(self, store: str | None, event_id: str) -> int:
-        async with self.sink._transaction() as conn:
+        async with self.sink.transaction() as conn:
             cur = await conn.execute(
                 f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
                 " AND store IS NOT DISTINCT FROM %s",

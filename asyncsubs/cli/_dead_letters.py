@@ -1,0 +1,102 @@
+"""``asyncsubs dead-letters``: the webhook events ``sync --listen`` could not apply, listed,
+or handed back to its inbox with ``--requeue``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
+from ..webhooks import DeadLetter, InboxEntry
+from ._output import Output
+from ._tables import print_table
+
+__all__ = ["add_parser", "dead_letters"]
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dead-letters",
+        help="list (or requeue) the webhook events sync --listen could not apply",
+        description=(
+            "List the dead letters of a sync database: webhook events that sync --listen "
+            "accepted but could not apply. sync --listen requeues them itself on start while "
+            f"they have had fewer than {REQUEUE_BELOW_ATTEMPTS} attempts; --requeue moves them "
+            "(all, or those of --store) back to the inbox, whatever their attempts, for the "
+            "next start of sync --listen to apply (restart a running one)."
+        ),
+    )
+    parser.add_argument(
+        "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://..."
+    )
+    parser.add_argument(
+        "--store", action="append", metavar="ID", help="only this store's (repeatable)"
+    )
+    parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    parser.set_defaults(handler=cmd_dead_letters, debug=False)
+
+
+async def dead_letters(
+    sink: Sink, *, stores: Sequence[str] | None = None, requeue: bool = False
+) -> tuple[list[DeadLetter], int] | None:
+    """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
+    with ``requeue`` (letters without a store, from before they named one, stay); None when
+    the database never listened (no table is made to say so)."""
+    if not await sink.has_webhook_tables():
+        return None
+    async with sink:
+        inbox, dead = await sink.webhook_stores()
+        letters = [x for x in await dead.all() if stores is None or x.store in stores]
+        moved = 0
+        for letter in letters if requeue else ():
+            if letter.store is None:
+                continue
+            # Attempts start over: requeueing by hand says the cause is fixed.
+            await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+            # Only this store's: other stores' letters may share the event id.
+            await dead.remove_for_store(letter.store, letter.event_id)
+            moved += 1
+    return letters, moved
+
+
+def cmd_dead_letters(
+    args: argparse.Namespace, out: Output, *, stream: IO[str] | None = None
+) -> int:
+    stream = stream or sys.stdout
+    sink = sink_for(args.db)
+    found = asyncio.run(dead_letters(sink, stores=args.store, requeue=args.requeue))
+    if found is None:
+        out.note(
+            f"no dead letters: {sink.where} has never run sync --listen (it has no webhook tables)"
+        )
+        return 0
+    letters, moved = found
+    rows = [
+        [
+            letter.store or "",
+            letter.event_id,
+            letter.topic or "",
+            str(letter.attempts),
+            datetime.fromtimestamp(letter.failed_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            letter.error,
+        ]
+        for letter in letters
+    ]
+    footer = [f"{len(letters)} dead letters in {sink.where} (table webhook_dead_letters)"]
+    if args.requeue:
+        footer.append(
+            f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
+        )
+    print_table(
+        "webhook dead letters",
+        ["store", "event", "topic", "attempts", "failed at (UTC)", "error"],
+        rows,
+        stream=stream,
+        footer=footer,
+    )
+    return 0

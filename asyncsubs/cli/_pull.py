@@ -1,0 +1,435 @@
+"""``asyncsubs pull RESOURCE``: one resource of one store as JSON Lines, on stdout or ``-o FILE``.
+
+With ``-o FILE``, a checkpoint beside it, ``FILE.asyncsubs-checkpoint``, holds the cursor after
+the last whole page written and FILE's size at that moment. It is replaced atomically (written
+to a temporary file, then renamed) after each page's records were written, so whatever stops the
+pull (Ctrl-C, SIGTERM, SIGKILL) it describes a prefix of FILE made of whole pages: a rerun of the
+same command cuts FILE back to that size and continues from the cursor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, Final
+from urllib.parse import urlsplit
+
+import attrs
+
+from .. import AdminClient, Limits, RetryEvent, RetryPolicy
+from ..errors import AsyncSubsError, ConfigError
+from ..json import dumps, loads
+from ..limiting import PoolStats
+from ..settings import DEFAULT_VERSION, check_token
+from ..sync import (
+    DEFAULT_PAGE_SIZE,
+    RESOURCES,
+    PageCommitted,
+    Retrying,
+    UnitDone,
+    UnitFailed,
+    UnitNote,
+    UnitStarted,
+    UnitStopped,
+    check_base_url,
+    clamped_page_note,
+    describe_error,
+    stats_since,
+)
+from ._common import CommandFailed, Runner, positive_float, positive_int, rate
+from ._output import Output
+from ._progress import plural
+
+__all__ = ["CHECKPOINT_SUFFIX", "PullCheckpoint", "add_parser"]
+
+log = logging.getLogger("asyncsubs.cli")
+
+CHECKPOINT_SUFFIX: Final = ".asyncsubs-checkpoint"
+#: Query parameters the pull sets itself, and the flags that set them.
+_RESERVED: Final = {"pageSize": "--page-size", "afterCursor": "--after-cursor"}
+
+
+@attrs.frozen
+class PullCheckpoint:
+    """A pull's position: ``offset`` bytes of FILE hold ``records`` records in ``pages``
+    pages, and ``cursor`` continues after them. ``resource``, ``base_url``, ``credentials`` (a
+    one-way fingerprint of base URL and token: the token chooses the store), ``after_cursor``
+    (the command's ``--after-cursor``) and ``params`` (its ``--param`` filters) say which pull
+    it belongs to, so a different command on the same FILE does not continue it."""
+
+    resource: str
+    base_url: str
+    credentials: str
+    after_cursor: str | None
+    cursor: str
+    offset: int
+    records: int
+    pages: int
+    params: Mapping[str, str] = attrs.field(factory=dict)
+
+    @staticmethod
+    def path_for(output: Path) -> Path:
+        return output.with_name(output.name + CHECKPOINT_SUFFIX)
+
+    @classmethod
+    def load(cls, output: Path) -> PullCheckpoint | None:
+        """The checkpoint beside ``output``, None when there is none; ConfigError when it
+        cannot be read."""
+        path = cls.path_for(output)
+        try:
+            data = loads(path.read_bytes())
+            # A checkpoint from before --param has none.
+            return cls(**{f.name: data.get(f.name, {}) for f in attrs.fields(cls)})
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        except (ValueError, AttributeError, TypeError):
+            raise ConfigError(
+                f"{path} is not a pull checkpoint; remove it or pass --restart"
+            ) from None
+
+    def save(self, output: Path) -> None:
+        path = self.path_for(output)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(dumps(attrs.asdict(self)))
+        os.replace(temporary, path)  # atomic: a reader sees the old or the new one, whole
+
+    @classmethod
+    def remove(cls, output: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            cls.path_for(output).unlink()
+
+
+def _param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if key in _RESERVED:
+        raise argparse.ArgumentTypeError(f"{key} is set by {_RESERVED[key]}")
+    return key, value
+
+
+def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
+    pull = commands.add_parser(
+        "pull",
+        parents=[output],
+        help="write one resource as JSON Lines",
+        description=(
+            "Write every record of RESOURCE as JSON Lines (one record per line, as received) "
+            "to stdout or FILE. Token and base URL default to $ASYNCSUBS_TOKEN and "
+            "$ASYNCSUBS_BASE_URL."
+        ),
+    )
+    pull.add_argument("resource", metavar="RESOURCE", choices=RESOURCES, help=", ".join(RESOURCES))
+    pull.add_argument("--base-url", help="the service's base URL (default $ASYNCSUBS_BASE_URL)")
+    pull.add_argument(
+        "--token",
+        help="the admin API token (default $ASYNCSUBS_TOKEN; prefer the variable: "
+        "command lines are visible to other users)",
+    )
+    pull.add_argument("--store", help="rate-limit identity of the store (default: derived)")
+    pull.add_argument(
+        "--page-size",
+        type=positive_int,
+        default=DEFAULT_PAGE_SIZE,
+        metavar="N",
+        help="records per request (the server may clamp it)",
+    )
+    pull.add_argument("--after-cursor", metavar="C", help="resume after this cursor")
+    pull.add_argument(
+        "--param",
+        type=_param,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a query parameter for the server, e.g. status=ACTIVE (repeatable)",
+    )
+    pull.add_argument("--limit", type=positive_int, metavar="N", help="stop after N records")
+    pull.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE instead of stdout; a rerun of the same command continues after the "
+        "last whole page written (checkpoint: FILE.asyncsubs-checkpoint)",
+    )
+    pull.add_argument(
+        "--restart",
+        action="store_true",
+        help="with -o: start over even if FILE has a checkpoint to continue from",
+    )
+    pull.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="allow a plain http:// base URL that is not loopback (a trusted network only: "
+        "the token travels unencrypted)",
+    )
+    pull.add_argument(
+        "--rate",
+        type=rate,
+        metavar="N/Ss",
+        help="the list endpoint's rate-limit pool, e.g. 2/s or 3/2s (default: the library's "
+        "conservative 1/s)",
+    )
+    pull.add_argument(
+        "--api-version",
+        metavar="V",
+        default=DEFAULT_VERSION,
+        help="the interface version in the path (default: %(default)s, the one implemented)",
+    )
+    pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
+    pull.add_argument(
+        "--max-attempts", type=positive_int, default=6, metavar="N", help="attempts per request"
+    )
+    pull.set_defaults(handler=lambda args, out: Pull(args, out).main())
+
+
+class Pull:
+    """One ``pull``: its client, its output and checkpoint, and where it stands."""
+
+    def __init__(self, args: argparse.Namespace, out: Output) -> None:
+        self.args, self.out = args, out
+        self.client = self._client()
+        if args.restart and args.output is None:
+            raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
+        self.store = args.store or urlsplit(self.client.base_url).hostname or "store"
+        self.params: dict[str, str] = dict(args.param or ())
+        self.path = None if args.output is None else Path(args.output)
+        self.file: IO[bytes] | None = None
+        self.checkpoint: PullCheckpoint | None = None
+        if self.path is not None:
+            self.file, self.checkpoint = self._open_output(self.path)
+        saved = self.checkpoint
+        self.before = 0 if saved is None else saved.records
+        self.pages_before = 0 if saved is None else saved.pages
+        #: The cursor after the last page written (None: nothing to continue).
+        self.cursor: str | None = args.after_cursor if saved is None else saved.cursor
+        self.records = self.pages = 0
+        self.runner = Runner(args, out)
+        if self.runner.mode == "rich" and self.file is None and sys.stdout.isatty():
+            self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
+        self.pool = self.client.limits.pool_for("GET", args.resource)
+        self.base = PoolStats()
+
+    def _client(self) -> AdminClient:
+        """The pull's client. Token and base URL not given as flags are the client's to find;
+        every setting is checked first, so a usage error exits 2 before any request."""
+        args = self.args
+        env = os.environ
+        token = args.token if args.token is not None else env.get("ASYNCSUBS_TOKEN")
+        base_url = args.base_url if args.base_url is not None else env.get("ASYNCSUBS_BASE_URL")
+        check_token(token)
+        hint = "--allow-insecure"
+        check_base_url(base_url, args.api_version, args.allow_insecure, insecure_hint=hint)
+        limits = (
+            None
+            if args.rate is None
+            else Limits(heavy={**Limits().heavy, args.resource: args.rate})
+        )
+        return AdminClient(
+            token=token,
+            base_url=base_url,
+            store=args.store,
+            limits=limits,
+            timeout=args.timeout,
+            retry=RetryPolicy(max_attempts=args.max_attempts),
+            allow_insecure=args.allow_insecure,
+            user_agent="asyncsubs-cli",
+            version=args.api_version,
+            on_retry=self._retried,
+        )
+
+    def _open_output(self, output: Path) -> tuple[IO[bytes], PullCheckpoint | None]:
+        """FILE opened to write at the end of its checkpointed prefix (a rerun continues), or
+        from the start (no checkpoint, or ``--restart``)."""
+        args = self.args
+        checkpoint = None if args.restart else PullCheckpoint.load(output)
+        if checkpoint is not None:
+            this = (args.resource, self.client.base_url, self.client.fingerprint)
+            that = (checkpoint.resource, checkpoint.base_url, checkpoint.credentials)
+            ours = (args.after_cursor, self.params) == (checkpoint.after_cursor, checkpoint.params)
+            if this != that or not ours:
+                token = "" if that[2] == this[2] else " with another token"
+                after = (
+                    "" if checkpoint.after_cursor == args.after_cursor else " after another cursor"
+                )
+                params = "" if checkpoint.params == self.params else " with other --param filters"
+                raise ConfigError(
+                    f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
+                    f"{checkpoint.base_url}{token}{after}{params}; pass --restart to start over"
+                )
+        try:
+            if checkpoint is None:
+                PullCheckpoint.remove(output)
+                return open(output, "wb"), None
+            out = open(output, "r+b")  # noqa: SIM115 - closed by main()
+        except FileNotFoundError as exc:
+            if checkpoint is not None:
+                raise ConfigError(
+                    f"{output} is gone but its checkpoint is not; pass --restart to start over"
+                ) from None
+            why = exc.strerror if output.parent.is_dir() else "no such directory"
+            raise ConfigError(f"cannot write {output}: {why}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
+        size = out.seek(0, os.SEEK_END)
+        if size < checkpoint.offset:
+            out.close()
+            raise ConfigError(
+                f"{output} is shorter than its checkpoint says ({size:,} < {checkpoint.offset:,} "
+                "bytes); pass --restart to start over"
+            )
+        # Bytes after the checkpoint belong to a page whose checkpoint was never written.
+        out.truncate(checkpoint.offset)
+        out.seek(checkpoint.offset)
+        return out, checkpoint
+
+    # -- running ------------------------------------------------------------------------------
+
+    def stats(self) -> PoolStats:
+        return stats_since(self.client.stats.pools.get(self.pool, PoolStats()), self.base)
+
+    def _retried(self, event: RetryEvent) -> None:
+        error = describe_error(event.error)
+        self.runner.progress(Retrying(self.store, self.args.resource, error, self.stats()))
+
+    def _write(self, records: list[Any]) -> None:
+        out = self.file or sys.stdout.buffer
+        where = self.path or "stdout"
+        try:
+            # Each record as it was sent (same keys, order, values; integers exact).
+            out.write(b"".join(dumps(r) + b"\n" for r in records))
+            out.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise CommandFailed([f"cannot write {where}: {exc.strerror or exc}"]) from None
+
+    def _save(self) -> None:
+        """The checkpoint after the page just written (removed once the pull is complete)."""
+        if self.path is None or self.file is None:
+            return
+        try:
+            if self.cursor is None:
+                PullCheckpoint.remove(self.path)  # complete: nothing to continue
+                return
+            PullCheckpoint(
+                resource=self.args.resource,
+                base_url=self.client.base_url,
+                credentials=self.client.fingerprint,
+                after_cursor=self.args.after_cursor,
+                cursor=self.cursor,
+                offset=self.file.tell(),
+                records=self.before + self.records,
+                pages=self.pages_before + self.pages,
+                params=self.params,
+            ).save(self.path)
+        except OSError as exc:
+            path = PullCheckpoint.path_for(self.path)
+            raise CommandFailed([f"cannot write {path}: {exc.strerror or exc}"]) from None
+
+    async def pull(self) -> None:
+        args, tell = self.args, self.runner.progress
+        store, resource, limit = self.store, args.resource, args.limit
+        async with self.client as client:
+            self.base = client.stats.pools.get(self.pool, PoolStats())
+            allowed = client.limits.rate_for(self.pool)
+            tell(UnitStarted(store, resource, self.checkpoint is not None, self.before, allowed))
+            if limit is not None and self.before >= limit:
+                self.cursor = None
+                self._save()
+                tell(UnitDone(store, resource, self.stats(), None))
+                return
+            # With --limit, a page fetched ahead would likely be thrown away.
+            call = getattr(client, resource).list(
+                page_size=args.page_size,
+                after_cursor=self.cursor,
+                params=self.params or None,
+                model=dict,
+                prefetch=1 if limit is None else 0,
+            )
+            try:
+                async with contextlib.aclosing(call.pages()) as pages:
+                    async for page in pages:
+                        room = None if limit is None else limit - self.before - self.records
+                        records = page.data[:room]
+                        self._write(records)
+                        self.records += len(records)
+                        self.pages += 1
+                        done = room is not None and len(records) >= room
+                        self.cursor = None if done else page.next_cursor
+                        self._save()
+                        tell(PageCommitted(store, resource, len(records), self.stats()))
+                        if self.pages == 1 and (note := clamped_page_note(args.page_size, page)):
+                            tell(UnitNote(store, resource, note))
+                        if done:
+                            break
+            except ConfigError:
+                raise  # a usage error the client found only now: exit 2, not a failed pull
+            except AsyncSubsError as exc:
+                log.debug("pull %s failed", resource, exc_info=True)  # --debug: the traceback
+                tell(UnitFailed(store, resource, describe_error(exc), self.stats(), None))
+                return
+            except BaseException:
+                tell(UnitStopped(store, resource, self.stats(), None))
+                raise
+            tell(UnitDone(store, resource, self.stats(), None))
+
+    def main(self) -> int:
+        try:
+            self.runner.run(self.pull)
+        except CommandFailed as exc:
+            if exc.code != 1 and self.cursor and (self.pages or self.checkpoint is not None):
+                self.out.note(f"interrupted after {self._written()}; {self._how_to_continue()}")
+            raise
+        except BrokenPipeError:
+            # The reader went away (e.g. `| head`): not an error of ours.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        finally:
+            if self.file is not None:
+                self.file.close()
+        (row,) = self.runner.progress.rows.values()
+        if row.state == "failed":
+            # The plain and JSON lines printed the failure when it happened.
+            plain = self.runner.mode in ("plain", "json")
+            lines = [] if plain else [f"{row.store}, {row.resource}: {row.error}"]
+            if self.cursor and (self.pages or self.checkpoint is not None):
+                lines.append(f"{self._written()} written; {self._how_to_continue()}")
+            raise CommandFailed(lines)
+        if not self.args.quiet:
+            total = self.before + self.records
+            self.out.note(
+                f"{plural(total, self.args.resource[:-1])} in "
+                f"{plural(self.pages_before + self.pages, 'page')} ({row.elapsed():.1f}s)"
+                + (
+                    f", {plural(self.before, 'record')} of them before resuming"
+                    if self.before
+                    else ""
+                )
+                + self._rate_limited(row.stats, row.allowed)
+            )
+        return 0
+
+    def _rate_limited(self, stats: PoolStats, allowed: Any) -> str:
+        """After 429s, the pace the server allowed (as the client slowed to it)."""
+        if not stats.rate_limited:
+            return ""
+        said = f"; {stats.rate_limited:,} 429s"
+        if stats.paced_by != "429" or not stats.interval:
+            return said
+        configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
+        return f"{said}: the server allowed about {1 / stats.interval:.2f} requests/s{configured}"
+
+    def _written(self) -> str:
+        return plural(self.before + self.records, "record")
+
+    def _how_to_continue(self) -> str:
+        if self.path is not None:
+            return "rerun the same command to continue (--restart starts over)"
+        return f"resume with --after-cursor {self.cursor}"

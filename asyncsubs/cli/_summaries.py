@@ -1,0 +1,110 @@
+"""The tables a sync ends with: per (store, resource), and per store's webhooks."""
+
+from __future__ import annotations
+
+from typing import IO
+
+from ._display import refused
+from ._progress import Progress, plural
+from ._tables import print_table
+
+__all__ = ["sync_summary", "webhook_summary"]
+
+
+def sync_summary(
+    progress: Progress, elapsed: float, where: str, *, stream: IO[str], runs: int | None = None
+) -> None:
+    rows = []
+    for row in progress.rows.values():
+        stats, allowed = row.stats, row.allowed
+        achieved = f"{row.request_rate():.2f}" + (f" ({allowed.per_second:.2f})" if allowed else "")
+        rows.append(
+            [
+                row.store,
+                row.resource,
+                row.state,
+                f"{row.records:,}",
+                f"{row.pages:,}",
+                "" if row.rows is None else f"{row.rows:,}",
+                f"{stats.requests:,}",
+                achieved if row.started is not None else "",
+                f"{stats.rate_limited:,}",
+                f"{stats.retries:,}",
+                f"{row.elapsed():.1f}s",
+            ]
+        )
+    stores = plural(len({row.store for row in progress.rows.values()}), "store")
+    if runs is None:
+        done = f"{plural(progress.records, 'record')} from {stores} in {elapsed:.1f}s into {where}"
+    else:  # --listen: the rows show the last pull; the total counts every one
+        done = (
+            f"{plural(progress.pulled, 'record')} pulled in {plural(runs, 'run')} from "
+            f"{stores} in {elapsed:.1f}s into {where}; the rows show the last run"
+        )
+    print_table(
+        "sync summary",
+        [
+            "store",
+            "resource",
+            "status",
+            "records",
+            "pages",
+            "rows",
+            "requests",
+            "req/s (allowed)",
+            "429s",
+            "retries",
+            "time",
+        ],
+        rows,
+        stream=stream,
+        footer=[
+            f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
+            "resource's pool; req/s: requests per second achieved, and the pool's configured "
+            "rate)"
+        ],
+    )
+
+
+def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
+    rows = [
+        [
+            store,
+            f"{hook.receiver.accepted:,}",
+            f"{hook.receiver.duplicates:,}",
+            f"{hook.applied:,}",
+            f"{hook.deletes:,}",
+            f"{hook.stale:,}",
+            f"{hook.ignored:,}",
+            f"{refused(hook):,}",
+            f"{hook.receiver.dead_lettered:,}",
+            f"{hook.receiver.unfinished:,}",
+            f"{hook.receiver.unsaved:,}",
+        ]
+        for store, hook in progress.webhooks.items()
+    ]
+    print_table(
+        "webhooks",
+        [
+            "store",
+            "accepted",
+            "duplicates",
+            "applied",
+            "deletes",
+            "stale",
+            "ignored",
+            "refused",
+            "dead letters",
+            "kept",
+            "lost",
+        ],
+        rows,
+        stream=stream,
+        footer=[
+            "applied: rows written or deleted; stale: older than the stored row, or deleted; "
+            "ignored: resources not synced; refused: bad signature, wrong store or not an event; "
+            "dead letters: in the table webhook_dead_letters (asyncsubs dead-letters); "
+            "kept: accepted, not applied yet, in webhook_inbox for the next start; "
+            "lost: dead letters that could not be saved"
+        ],
+    )

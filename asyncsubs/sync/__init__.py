@@ -1,0 +1,120 @@
+"""Stores synced into a database: what ``asyncsubs sync`` runs, usable on its own.
+
+::
+
+    from asyncsubs.sync import SyncEngine, load_config, run_round, sink_for
+
+    configs = load_config(Path("stores.toml"), os.environ)   # ConfigFileError: .problems
+    sink = sink_for("sqlite:///subs.db")                     # or postgresql://...
+    with sink.lock():                                        # SQLite: one writer at a time
+        async with sink, SyncEngine(configs, sink, print) as engine:
+            await run_round(engine)                          # every (store, resource) once
+
+The parts, in the order one synced page passes them:
+
+- ``_config``: ``stores.toml`` read and checked (``load_config``), one ``StoreConfig`` a store;
+- ``_engine``: ``SyncEngine.pull`` runs one unit, a ``(store, resource)``, page by page, each
+  page committed with its cursor; it tells an observer what happens (``_events``);
+- ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
+  through the sink's leases;
+- ``_sink``: the ``Sink`` protocol and the rules both sinks keep; ``sqlite`` and ``postgres``
+  the two sinks, each with its webhook inbox and dead letters; ``_open``: ``sink_for(url)``,
+  the one place that picks one;
+- ``_listen``: ``ListenSync``, webhooks applied to the sink and reconciled by pulls.
+
+The engine knows nothing of how progress is shown: the command line's live table, plain lines
+and JSON lines are observers of its events.
+"""
+
+from ._config import (
+    DEFAULT_PAGE_SIZE,
+    LISTEN_INCREMENTAL,
+    ConfigFileError,
+    Incremental,
+    StoreConfig,
+    check_base_url,
+    check_redis_url,
+    load_config,
+    parse_rate,
+)
+from ._engine import (
+    DEFAULT_MAX_STORES,
+    SyncEngine,
+    clamped_page_note,
+    describe_error,
+    stats_since,
+)
+from ._events import (
+    Event,
+    Message,
+    Observer,
+    PageCommitted,
+    Retrying,
+    RunStarted,
+    UnitDone,
+    UnitFailed,
+    UnitNote,
+    UnitStarted,
+    UnitStopped,
+    WebhookCounts,
+)
+from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
+from ._open import sink_for
+from ._schedulers import run_round
+from ._sink import (
+    DEFAULT_LEASE,
+    RESOURCES,
+    DatabaseError,
+    DeadLetters,
+    LeaseLostError,
+    Leases,
+    PageWrite,
+    Sink,
+    UnitState,
+    UnitStatus,
+)
+
+__all__ = [
+    "ConfigFileError",
+    "DEFAULT_LEASE",
+    "DEFAULT_MAX_STORES",
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_RECONCILE_EVERY",
+    "DatabaseError",
+    "DeadLetters",
+    "Event",
+    "Incremental",
+    "LISTEN_INCREMENTAL",
+    "LeaseLostError",
+    "Leases",
+    "ListenSync",
+    "Message",
+    "Observer",
+    "PageCommitted",
+    "PageWrite",
+    "REQUEUE_BELOW_ATTEMPTS",
+    "RESOURCES",
+    "Retrying",
+    "RunStarted",
+    "Sink",
+    "StoreConfig",
+    "SyncEngine",
+    "UnitDone",
+    "UnitFailed",
+    "UnitNote",
+    "UnitStarted",
+    "UnitState",
+    "UnitStatus",
+    "UnitStopped",
+    "WebhookApplyError",
+    "WebhookCounts",
+    "check_base_url",
+    "check_redis_url",
+    "clamped_page_note",
+    "describe_error",
+    "load_config",
+    "parse_rate",
+    "run_round",
+    "sink_for",
+    "stats_since",
+]

@@ -1,0 +1,606 @@
+"""``stores.toml``, the stores a sync pulls, read and checked before any request.
+
+The file's shape is a few attrs classes: ``[defaults]`` and each ``[stores.<id>]`` are a
+``StoreOptions`` (a store adds ``base_url`` and ``token_env``), ``limits`` a ``LimitsTable``.
+The package's cattrs converter structures them, every unknown key a problem, each key's value
+checked by its attribute's validator; a key with a problem is left out and the rest checked, so
+a user fixes a file in one pass. Then each store is checked as a whole: its base URL, version
+and token by ``asyncsubs.settings`` (the client's own checks), its limits by ``Limits``, its
+secrets by the environment variables it names (never echoed).
+
+``load_config(path, env)`` returns one ``StoreConfig`` per store or raises ``ConfigFileError``,
+whose ``problems`` are one line each, named by the key as written in the file
+(``stores.acme.limits.heavy.orders: ...``), each problem once, in the file's order.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import attrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn, override
+
+from .. import Limits, Rate, RetryPolicy
+from .._converter import converter
+from ..errors import ConfigError
+from ..settings import DEFAULT_VERSION, check_token, check_version, is_loopback, versioned_base
+from ._sink import RESOURCES
+
+__all__ = [
+    "ConfigFileError",
+    "DEFAULT_PAGE_SIZE",
+    "Incremental",
+    "LISTEN_INCREMENTAL",
+    "StoreConfig",
+    "check_base_url",
+    "check_redis_url",
+    "load_config",
+    "parse_rate",
+]
+
+#: Records per request unless configured. The heavy list pools allow a request or two per
+#: second, so records per request is what makes a pull fast: 250 is the fake server's largest
+#: page, and a server with a smaller maximum clamps pageSize (the interface names none).
+DEFAULT_PAGE_SIZE: Final = 250
+_RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
+_RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
+_ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
+_BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+_INCREMENTAL: Final = '{ param = "...", field = "..." }'
+#: Keys that belong to each store, never to ``[defaults]``.
+_PER_STORE: Final = ("base_url", "token_env")
+
+
+class ConfigFileError(ConfigError):
+    """One or more problems in the configuration; ``problems`` lists each on one line."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
+
+
+@attrs.frozen
+class Incremental:
+    """Incremental pulls: pass ``param`` = a high-water value of record field ``field``."""
+
+    param: str
+    field: str
+
+
+#: The filter ``sync --listen`` reconciles with where a resource configures none: the fake
+#: server's name (the interface does not name one; configure ``incremental.<resource>``).
+LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
+
+
+@attrs.frozen
+class StoreConfig:
+    """Everything needed to sync one store."""
+
+    store: str
+    base_url: str
+    token: str = attrs.field(repr=False)
+    token_env: str = ""
+    resources: tuple[str, ...] = RESOURCES
+    page_size: int = DEFAULT_PAGE_SIZE
+    limits: Limits = attrs.Factory(Limits)
+    retry: RetryPolicy = attrs.Factory(RetryPolicy)
+    timeout: float = 30.0
+    #: The interface version in the path.
+    version: str = DEFAULT_VERSION
+    allow_insecure: bool = False
+    incremental: Mapping[str, Incremental] = attrs.Factory(dict)
+    #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
+    webhook_secret: str = attrs.field(default="", repr=False)
+    webhook_secret_env: str = ""
+    #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
+    #: budget shared by every worker. May hold a password, hence no repr.
+    redis: str | None = attrs.field(default=None, repr=False)
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def parse_rate(value: object) -> Rate:
+    """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
+    (naming no internal field) otherwise. ``Rate`` checks the numbers."""
+    if isinstance(value, Rate):
+        return value
+    n: object
+    per: object = 1.0
+    if isinstance(value, str):
+        match = _RATE_RE.match(value)
+        if match is None:
+            raise ConfigError(f"{_RATE_HINT}, got {value!r}")
+        n, per = int(match[1]), float(match[2] or 1.0)
+    elif isinstance(value, Mapping):
+        # Both keys, always: a table missing one is more likely a typo than a default.
+        if set(value) != {"n", "per"}:
+            raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
+        n, per = value["n"], value["per"]
+    else:
+        n = value
+    try:
+        return Rate(n, per=per)  # type: ignore[arg-type]
+    except ConfigError as exc:  # Rate's own checks, said in the file's terms
+        what = (
+            "a period of seconds > 0"
+            if "Rate.per" in str(exc)
+            else "a whole number of requests >= 1"
+        )
+        raise ConfigError(f"a rate needs {what}, got {value!r}") from None
+
+
+def check_redis_url(url: object, *, where: str) -> str:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
+    it may hold a password)."""
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"{where}: expected a redis://, rediss:// or unix:// URL")
+    return url
+
+
+def _resources(value: object) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise ConfigError(f"must be a non-empty list of names ({', '.join(RESOURCES)})")
+    unknown = [v for v in value if v not in RESOURCES]
+    if unknown:
+        raise ConfigError(
+            f"unknown resource {', '.join(map(repr, unknown))} (known: {', '.join(RESOURCES)})"
+        )
+    return tuple(dict.fromkeys(value))
+
+
+def _problem(test: Callable[[Any], bool], message: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator: ValueError(``message``, ``{value!r}`` filled in) unless ``test``."""
+
+    def validate(_: Any, __: Any, value: Any) -> None:
+        if not test(value):
+            raise ValueError(message.format(value=value))
+
+    return validate
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_whole_number = _problem(
+    lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    "must be a whole number >= 1, got {value!r}",
+)
+_seconds = _problem(
+    lambda v: _number(v) and 0 < v < float("inf"), "must be a number of seconds > 0, got {value!r}"
+)
+_fraction = _problem(
+    lambda v: _number(v) and 0 <= v < 1, "must be a fraction in [0, 1), e.g. 0.02, got {value!r}"
+)
+_boolean = _problem(lambda v: isinstance(v, bool), "must be true or false, got {value!r}")
+_url = _problem(lambda v: isinstance(v, str) and bool(v.strip()), "must be a URL")
+_env_name = _problem(
+    lambda v: isinstance(v, str) and bool(_ENV_RE.match(v)),
+    "must be the NAME of an environment variable, like ACME_TOKEN (what it holds is not "
+    "shown: it may be the secret itself)",
+)
+_server_limits = _problem(
+    lambda v: v in ("lower", "follow", "ignore"),
+    "must be one of lower, follow, ignore, got {value!r}",
+)
+
+
+def _checked(check: Callable[[Any], Any]) -> Callable[[Any, Any, Any], None]:
+    """A check that raises ConfigError (a ValueError), as an attrs validator."""
+    return lambda _, __, value: check(value)
+
+
+def _key(
+    validator: Callable[[Any, Any, Any], None] | None = None,
+    *,
+    parse: Callable[[Any], Any] | None = None,
+) -> Any:
+    """An optional key of a table: None when absent; ``parse`` makes the value, ``validator``
+    checks it (each raising ValueError, or ConfigError, with the problem)."""
+    return attrs.field(
+        default=None,
+        validator=attrs.validators.optional(validator) if validator else None,
+        metadata={"parse": parse},
+    )
+
+
+# -- the file's shape ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LimitsTable:
+    """``limits``: the store's budget (``Limits``), pool by pool; ``global`` is ``global_rate``."""
+
+    global_rate: Rate | None = _key(parse=parse_rate)  # noqa: RUF009 - an attrs.field
+    heavy: Mapping[str, Rate] | None = _key(parse=lambda v: _table_of(v, _heavy, "resource = rate"))
+    max_in_flight: int | None = _key(_whole_number)
+    safety_margin: float | None = _key(_fraction)
+    max_margin: float | None = _key(_fraction)
+    server_limits: str | None = _key(_server_limits)
+
+
+def _heavy(resource: str, value: Any) -> Rate:
+    return parse_rate(value)
+
+
+def _incremental(resource: str, value: Any) -> Incremental:
+    if (
+        not isinstance(value, Mapping)
+        or set(value) != {"param", "field"}
+        or not all(isinstance(v, str) and v for v in value.values())
+    ):
+        raise ConfigError(f"must be {_INCREMENTAL}")
+    return Incremental(param=value["param"], field=value["field"])
+
+
+@attrs.frozen(kw_only=True)
+class StoreOptions:
+    """What ``[defaults]`` may set, and each store over it."""
+
+    resources: tuple[str, ...] | None = _key(parse=_resources)
+    page_size: int | None = _key(_whole_number)
+    max_attempts: int | None = _key(_whole_number)
+    timeout: float | None = _key(_seconds)
+    version: str | None = _key(_checked(check_version))
+    allow_insecure: bool | None = _key(_boolean)
+    limits: LimitsTable | None = _key(parse=lambda v: converter.structure(v, LimitsTable))  # noqa: RUF009
+    incremental: Mapping[str, Incremental] | None = _key(
+        parse=lambda v: _table_of(v, _incremental, f"resource = {_INCREMENTAL}")
+    )
+    webhook_secret_env: str | None = _key(_env_name)
+    redis: str | None = _key(_checked(lambda v: check_redis_url(v, where="redis")))
+
+
+@attrs.frozen(kw_only=True)
+class StoreTable(StoreOptions):
+    """One ``[stores.<id>]`` table: the options, and the store's own address and token."""
+
+    base_url: str | None = _key(_url)
+    token_env: str | None = _key(_env_name)
+
+
+class _TableProblems(Exception):
+    """Problems of a table's keys, ``(key, problem)``, each walked in turn (``_walk``)."""
+
+    def __init__(self, problems: Sequence[tuple[str, BaseException]]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+
+def _table_of(value: Any, item: Callable[[str, Any], Any], what: str) -> dict[str, Any]:
+    """A table of resource = ``item(resource, value)``; every problem by its key."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"must be a table of {what}, got {value!r}")
+    result, problems = {}, []
+    for resource, spec in value.items():
+        try:
+            if resource not in RESOURCES:
+                raise ForbiddenExtraKeysError(None, dict, {resource})
+            result[resource] = item(resource, spec)
+        except (ConfigError, ForbiddenExtraKeysError) as exc:
+            problems.append((resource, exc))
+    if problems:
+        raise _TableProblems(problems)
+    return result
+
+
+_TABLES: Final = {
+    LimitsTable: "global, heavy, max_in_flight, max_margin, safety_margin, server_limits",
+    StoreOptions: "keys shared by every store",
+    StoreTable: "keys of the store",
+}
+#: Keys whose attribute has another name.
+_RENAMED: Final = {"global_rate": "global"}
+
+
+def _register(cls: type[Any], what: str) -> None:
+    """Structure ``cls`` with the package's converter: keys named as its attributes, every
+    other key a problem, each value through its attribute's ``parse`` and validator."""
+
+    def hook(a: attrs.Attribute[Any]) -> Callable[[Any, Any], Any]:
+        parse = a.metadata.get("parse")
+
+        def structure(value: Any, _: Any) -> Any:
+            if parse is not None:
+                value = parse(value)
+            if a.validator is not None:
+                a.validator(None, a, value)
+            return value
+
+        return structure
+
+    overrides = {
+        a.name: override(struct_hook=hook(a), rename=_RENAMED.get(a.name))
+        for a in attrs.fields(cls)
+    }
+    fields = make_dict_structure_fn(
+        cls,
+        converter,
+        _cattrs_forbid_extra_keys=True,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be a table of {what}, got {value!r}")
+        return fields(value, cls)
+
+    converter.register_structure_hook(cls, structure)
+
+
+_register(LimitsTable, _TABLES[LimitsTable])
+_register(StoreOptions, _TABLES[StoreOptions])
+_register(StoreTable, _TABLES[StoreTable])
+
+
+# -- problems --------------------------------------------------------------------------------
+
+
+def _key_path(path: Sequence[str]) -> str:
+    """A key path as written in the file: ``stores."c d".limits``."""
+    return ".".join(key if _BARE_KEY_RE.match(key) else f'"{key}"' for key in path)
+
+
+def _unknown(key: str, known: Iterable[str], where: Sequence[str]) -> str:
+    if tuple(where) == ("defaults",) and key in _PER_STORE:
+        return f"unknown key ({key} is set per store, in each [stores.<id>] table)"
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return "unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _walk(exc: BaseException, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every problem in ``exc`` (what structuring raised) as (key path, message)."""
+    if isinstance(exc, _TableProblems):
+        for key, inner in exc.problems:  # an unknown key names itself
+            yield from _walk(
+                inner, path if isinstance(inner, ForbiddenExtraKeysError) else (*path, key)
+            )
+    elif isinstance(exc, ClassValidationError):
+        with_key, without = exc.group_exceptions()
+        for inner, note in with_key:
+            yield from _walk(inner, (*path, _RENAMED.get(note.name, note.name)))
+        for inner in without:
+            yield from _walk(inner, path)
+    elif isinstance(exc, ForbiddenExtraKeysError):
+        known = (
+            RESOURCES if exc.cl is dict else [_RENAMED.get(n, n) for n in attrs.fields_dict(exc.cl)]
+        )
+        for key in exc.extra_fields:
+            yield (*path, key), _unknown(key, known, path)
+    else:
+        yield path, str(exc)
+
+
+def _in_file_order(data: Any, path: tuple[str, ...]) -> tuple[int, ...]:
+    """Where ``path`` is in the file (TOML tables keep their keys' order)."""
+    position = []
+    for key in path:
+        keys = list(data) if isinstance(data, Mapping) else []
+        position.append(keys.index(key) if key in keys else len(keys))
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return tuple(position)
+
+
+def _structure(
+    cls: type[Any], table: Mapping[str, Any], path: tuple[str, ...], problems: list[str]
+) -> Any:
+    """``table`` as ``cls``, its problems reported, the keys that hold them left out."""
+    try:
+        return converter.structure(table, cls)
+    except (ClassValidationError, ValueError) as exc:
+        found = sorted(_walk(exc, path), key=lambda p: _in_file_order(table, p[0][len(path) :]))
+    problems.extend(f"{_key_path(where)}: {message}" for where, message in found)
+    bad = {where[len(path)] for where, _ in found if len(where) > len(path)}
+    try:
+        return converter.structure({k: v for k, v in table.items() if k not in bad}, cls)
+    except (ClassValidationError, ValueError, AttributeError):  # not a table at all
+        return cls()
+
+
+# -- each store ------------------------------------------------------------------------------
+
+
+def _shown_env(name: str) -> str:
+    """An environment variable's name as a message shows it: an upper-case name as it is, any
+    other (a token pasted where its variable's name goes) not at all."""
+    return name if _SHOWN_ENV_RE.fullmatch(name) else "(a name not in upper case, not shown)"
+
+
+def _from_env(name: str, env: Mapping[str, str]) -> str:
+    if not env.get(name):
+        state = "is empty" if name in env else "is not set"
+        raise ConfigError(f"environment variable {_shown_env(name)} {state}")
+    return env[name]
+
+
+def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
+    """The store's options: its own keys over ``[defaults]``; limits key by key."""
+    values = {k: v for k, v in attrs.asdict(defaults, recurse=False).items() if v is not None}
+    values.update({k: v for k, v in attrs.asdict(own, recurse=False).items() if v is not None})
+    tables = [t for t in (defaults.limits, own.limits) if t is not None]
+    limits = {
+        k: v for t in tables for k, v in attrs.asdict(t, recurse=False).items() if v is not None
+    }
+    # Heavy pools merge path by path, over the library's defaults.
+    limits["heavy"] = {
+        **Limits().heavy,
+        **{k: v for t in tables for k, v in (t.heavy or {}).items()},
+    }
+    values["limits"] = limits
+    return values
+
+
+def _store(
+    store_id: str,
+    table: Mapping[str, Any],
+    own: StoreTable,
+    defaults: StoreOptions,
+    env: Mapping[str, str],
+    problems: list[str],
+    *,
+    listen: bool,
+) -> StoreConfig | None:
+    """One store's config from its own keys over ``defaults``; None when anything about it is
+    wrong (each problem reported under the key the user has to change)."""
+    where = ("stores", store_id)
+    before = len(problems)
+    values = _merged(defaults, own)
+
+    def check(key: str, test: Callable[[], Any]) -> Any:
+        try:
+            return test()
+        except ConfigError as exc:
+            # Where the value came from: the store's own key, or the default's.
+            at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
+            problems.append(f"{_key_path(at)}: {exc}")
+            return None
+
+    for key in _PER_STORE:
+        if key not in table:
+            problems.append(f"{_key_path(where)}: {key} is required")
+    version = values.get("version", DEFAULT_VERSION)
+    allow_insecure = values.get("allow_insecure", False)
+    if own.base_url is not None:
+        url = own.base_url
+        hint = "allow_insecure = true"
+        check("base_url", lambda: check_base_url(url, version, allow_insecure, insecure_hint=hint))
+    token = ""
+    if own.token_env is not None:
+        name = own.token_env
+        token = check("token_env", lambda: _token(_from_env(name, env), name)) or ""
+    secret = ""
+    secret_env = values.get("webhook_secret_env")
+    # Read only with --listen: a plain sync of the same config must not need a secret.
+    if listen and secret_env is None and "webhook_secret_env" not in table:
+        problems.append(
+            f"{_key_path(where)}: webhook_secret_env is required with --listen (the name of the "
+            "environment variable holding the store's webhook secret)"
+        )
+    elif listen and secret_env is not None:
+        secret = check("webhook_secret_env", lambda: _from_env(secret_env, env))
+    try:
+        limits = Limits(**values["limits"])
+    except ConfigError as exc:
+        problems.append(f"{_key_path((*where, 'limits'))}: {str(exc).replace('Limits.', '')}")
+    if len(problems) > before:
+        return None
+    incremental = dict(values.get("incremental", {}))
+    if listen:  # reconciliation pulls are incremental: every resource needs a filter
+        incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
+    return StoreConfig(
+        store=store_id,
+        base_url=own.base_url or "",
+        token=token,
+        token_env=own.token_env or "",
+        resources=values.get("resources", RESOURCES),
+        page_size=values.get("page_size", DEFAULT_PAGE_SIZE),
+        limits=limits,
+        retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
+        timeout=float(values.get("timeout", 30.0)),
+        version=version,
+        allow_insecure=allow_insecure,
+        incremental=incremental,
+        webhook_secret=secret or "",
+        webhook_secret_env=secret_env or "",
+        redis=values.get("redis"),
+    )
+
+
+def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
+    """``url`` checked as the client checks it (ConfigError), the plain-http problem last and
+    naming how the caller allows it (``insecure_hint``: a flag or a config key)."""
+    versioned_base(url, version, allow_insecure=True)  # type: ignore[arg-type]
+    assert isinstance(url, str)
+    parts = urlsplit(url.strip())
+    if parts.scheme == "http" and not allow_insecure and not is_loopback(parts.hostname or ""):
+        raise ConfigError(
+            f"plain http:// would send the token unencrypted; use https:// (or {insecure_hint} "
+            "on a trusted network)"
+        )
+    return url
+
+
+def _token(token: str, name: str) -> str:
+    try:
+        return check_token(token)
+    except ConfigError as exc:
+        raise ConfigError(f"{_shown_env(name)}: {exc}") from None
+
+
+def load_config(
+    path: Path,
+    env: Mapping[str, str],
+    *,
+    resources: Iterable[str] | None = None,
+    only_stores: Iterable[str] | None = None,
+    listen: bool = False,
+) -> list[StoreConfig]:
+    """Read and check ``path``; ConfigFileError listing every problem, one line each, named
+    by its key (``stores.acme.limits.heavy.orders``).
+
+    ``resources`` (from ``--resources``) replaces each store's list; ``only_stores`` (from
+    ``--store``) selects stores by id. ``listen`` (``--listen``): each store's webhook secret
+    must be set, and resources without ``incremental`` get ``LISTEN_INCREMENTAL``.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigFileError([f"{path}: cannot read the config file ({exc.strerror})"]) from None
+    except UnicodeDecodeError:
+        raise ConfigFileError([f"{path}: the config file is not UTF-8"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError([f"{path}: invalid TOML: {exc}"]) from None
+
+    problems: list[str] = []
+    for key in data:
+        if key not in ("defaults", "stores"):
+            problems.append(f"{_key_path([key])}: {_unknown(key, ('defaults', 'stores'), ())}")
+    defaults = _structure(StoreOptions, data.get("defaults", {}), ("defaults",), problems)
+    stores = data.get("stores")
+    if not isinstance(stores, Mapping) or not stores:
+        problems.append(f"{path}: no stores; add a [stores.<id>] table per store")
+        stores = {}
+    override_resources = None
+    if resources is not None:
+        try:
+            override_resources = _resources(list(resources))
+        except ConfigError as exc:
+            problems.append(f"--resources: {exc}")
+    wanted = None if only_stores is None else list(dict.fromkeys(only_stores))
+    for store_id in wanted or ():
+        if store_id not in stores:
+            problems.append(f"--store: no store {store_id!r} in {path}")
+
+    configs = []
+    for store_id, table in stores.items():
+        if wanted is not None and store_id not in wanted:
+            continue
+        where = ("stores", store_id)
+        if not isinstance(table, Mapping):
+            problems.append(f"{_key_path(where)}: must be a table")
+        elif not store_id.strip():
+            problems.append(f"{_key_path(where)}: a store id must not be blank")
+        else:
+            before = len(problems)
+            own = _structure(StoreTable, table, where, problems)
+            config = _store(store_id, table, own, defaults, env, problems, listen=listen)
+            if config is not None and len(problems) == before:
+                if override_resources is not None:
+                    config = attrs.evolve(config, resources=override_resources)
+                configs.append(config)
+    if problems:
+        raise ConfigFileError(list(dict.fromkeys(problems)))  # each problem once
+    return configs

@@ -1,0 +1,156 @@
+"""What a sync tells its observer: typed events, each a frozen value.
+
+A unit is one ``(store, resource)``. Its events come in this order: ``UnitStarted``, then any
+number of ``PageCommitted``, ``Retrying`` and ``UnitNote``, then one of ``UnitDone``,
+``UnitFailed`` or ``UnitStopped``. ``stats`` are the unit's rate-limit pool as the client
+reports it (``asyncsubs.limiting.PoolStats``): its counters since the unit started, everything
+else (the pace in force and what set it) as it stands. ``RunStarted`` opens each round of
+every unit (``sync --listen`` runs one after another), ``Message`` is a line about the whole
+sync, and ``WebhookCounts`` a store's webhook counters whenever they change.
+
+An observer is any callable taking an event; it runs in the event loop, between the sync's
+own steps, so it must not block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeAlias
+
+import attrs
+
+from .. import Rate
+from ..limiting import PoolStats
+from ..webhooks import ReceiverStats
+
+__all__ = [
+    "Event",
+    "Message",
+    "Observer",
+    "PageCommitted",
+    "Retrying",
+    "RunStarted",
+    "UnitDone",
+    "UnitFailed",
+    "UnitNote",
+    "UnitStarted",
+    "UnitStopped",
+    "WebhookCounts",
+]
+
+
+@attrs.frozen
+class UnitStarted:
+    """A unit's pull began; ``resumed``: it continues a run an earlier process left, which
+    committed ``records_before`` records. ``allowed``: the pool's configured rate."""
+
+    store: str
+    resource: str
+    resumed: bool
+    records_before: int
+    allowed: Rate
+
+
+@attrs.frozen
+class PageCommitted:
+    """A page of ``records`` records and the cursor after it are in the database."""
+
+    store: str
+    resource: str
+    records: int
+    stats: PoolStats
+
+
+@attrs.frozen
+class Retrying:
+    """A request of the unit failed and is retried; ``error``: why, in one line."""
+
+    store: str
+    resource: str
+    error: str
+    stats: PoolStats
+
+
+@attrs.frozen
+class UnitNote:
+    """Something worth a line about the unit (a rejected cursor, a page size the server cut)."""
+
+    store: str
+    resource: str
+    message: str
+
+
+@attrs.frozen
+class UnitDone:
+    """The unit's run finished; ``rows``: the store's rows in the resource's table."""
+
+    store: str
+    resource: str
+    stats: PoolStats
+    rows: int | None
+
+
+@attrs.frozen
+class UnitFailed:
+    """The API or the transport refused the unit (``error``, one line); the others go on."""
+
+    store: str
+    resource: str
+    error: str
+    stats: PoolStats
+    rows: int | None
+
+
+@attrs.frozen
+class UnitStopped:
+    """The unit's run was stopped (Ctrl-C, SIGTERM, its lease lost) after what it committed."""
+
+    store: str
+    resource: str
+    stats: PoolStats
+    rows: int | None
+
+
+@attrs.frozen
+class RunStarted:
+    """Round ``number`` (from 1) of every unit began; ``units``: those this process runs, when
+    known beforehand (in one process, all; leased workers learn theirs as they claim them)."""
+
+    number: int
+    units: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Message:
+    """A line about the whole sync (not one unit)."""
+
+    text: str
+
+
+@attrs.frozen
+class WebhookCounts:
+    """One store's webhooks (``sync --listen``): the receiver's counters, and what applying the
+    events did: ``applied`` (rows written or deleted, ``deletes`` of them), ``stale`` (older
+    than the stored row, or deleted), ``ignored`` (resources the store does not sync)."""
+
+    store: str
+    receiver: ReceiverStats = attrs.field(factory=ReceiverStats)
+    applied: int = 0
+    deletes: int = 0
+    stale: int = 0
+    ignored: int = 0
+
+
+Event: TypeAlias = (
+    UnitStarted
+    | PageCommitted
+    | Retrying
+    | UnitNote
+    | UnitDone
+    | UnitFailed
+    | UnitStopped
+    | RunStarted
+    | Message
+    | WebhookCounts
+)
+Observer: TypeAlias = Callable[[Event], object]

@@ -1,0 +1,269 @@
+"""``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
+
+One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
+its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker) bound to its store,
+behind one listener's timeouts and caps. A delivery is answered 200 only once it is in the
+database's ``webhook_inbox``; it is removed when applied or dead-lettered, and a restart applies
+what is left, so nothing acknowledged is lost to a crash. Dead letters of earlier runs are
+requeued on start while they have had fewer than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+
+Events are written through the same sink as pulls (SQLite: its one writer thread), so the two
+never interleave inside a transaction; the upsert's newer-or-equal rule and the deleted ids make
+their order irrelevant.
+
+Webhooks can be lost, so after the initial sync every ``reconcile_every`` seconds an incremental
+pull of every (store, resource) fetches what changed since before the previous pull began, and
+so whatever the webhooks missed. It cannot see deletes: a delete whose webhook was lost leaves
+its row in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Final
+from urllib.parse import quote
+
+import attrs
+from aiohttp import web
+
+from ..errors import ConfigError
+from ..json import dumps
+from ..webhooks import (
+    Handler,
+    Listener,
+    ListenerLimits,
+    WebhookConfig,
+    WebhookEvent,
+    WebhookReceiver,
+)
+from ._config import StoreConfig
+from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
+from ._events import Message, Observer, WebhookCounts
+from ._schedulers import run_round
+from ._sink import Sink
+
+__all__ = [
+    "DEFAULT_RECONCILE_EVERY",
+    "ListenSync",
+    "REQUEUE_BELOW_ATTEMPTS",
+    "WebhookApplyError",
+]
+
+DEFAULT_RECONCILE_EVERY: Final = 300.0
+WEBHOOK_ROUTE: Final = "/webhooks/{store}"
+#: Dead letters are requeued on start until they have had this many handler attempts in all
+#: (three rounds of ``max_handler_attempts``): a cause fixed in between (a locked or full
+#: disk) is recovered by a restart, a poison event is not retried for ever.
+REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
+#: Seconds between looks at the receivers' counters (told only when they changed).
+COUNTS_EVERY: Final = 1.0
+
+
+class WebhookApplyError(Exception):
+    """Applying an event failed; the message names the store, as the dead-letter table is
+    shared by all stores."""
+
+
+@attrs.define
+class _Applied:
+    applied: int = 0
+    deletes: int = 0
+    stale: int = 0
+    ignored: int = 0
+
+
+class ListenSync:
+    """The sync database, one webhook receiver per store and the pulls that reconcile them::
+
+        async with ListenSync(configs, sink, observe) as listening:
+            urls = await listening.listen("0.0.0.0", 8080)   # store -> its webhook URL
+            await listening.pull()                           # the initial sync
+            ...
+            await listening.pull()                           # a reconciliation pull
+
+    or ``await listening.run(host, port, reconcile_every)`` until cancelled. It opens ``sink``
+    and closes it on leaving, after it stops listening and lets the receivers finish what they
+    accepted (or dead-letter it).
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[StoreConfig],
+        sink: Sink,
+        observe: Observer,
+        *,
+        max_stores: int = DEFAULT_MAX_STORES,
+        limits: ListenerLimits | None = None,
+    ) -> None:
+        self.configs = list(configs)
+        self.sink = sink
+        self.observe = observe
+        self.engine = SyncEngine(configs, sink, observe, max_stores=max_stores)
+        self.limits = limits or ListenerLimits()
+        self.receivers: dict[str, WebhookReceiver] = {}
+        self._applied = {config.store: _Applied() for config in configs}
+        self._told: dict[str, WebhookCounts] = {}
+        self._listener: Listener | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._exit = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> ListenSync:
+        try:
+            await self._exit.enter_async_context(self.sink)
+            await self._exit.enter_async_context(self.engine)
+            inbox, dead_letters = await self.sink.webhook_stores()
+        except BaseException:
+            await self._exit.aclose()
+            raise
+        for config in self.configs:
+            self.receivers[config.store] = WebhookReceiver(
+                WebhookConfig(config.webhook_secret),
+                self._handler(config),
+                store=config.store,
+                inbox=inbox,
+                dead_letters=dead_letters,
+            )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def counts(self, store: str) -> WebhookCounts:
+        """``store``'s webhook counters now."""
+        applied = self._applied[store]
+        receiver = self.receivers.get(store)
+        stats = WebhookCounts(store) if receiver is None else WebhookCounts(store, receiver.stats)
+        return attrs.evolve(stats, **attrs.asdict(applied))
+
+    def _tell_counts(self) -> None:
+        for store in self.receivers:
+            counts = self.counts(store)
+            if self._told.get(store) != counts:
+                self._told[store] = counts
+                self.observe(counts)
+
+    async def _watch_counts(self) -> None:
+        while True:
+            self._tell_counts()
+            await asyncio.sleep(COUNTS_EVERY)
+
+    def _handler(self, config: StoreConfig) -> Handler:
+        store, sink = config.store, self.sink
+        resources = frozenset(config.resources)
+        counts = self._applied[store]
+
+        async def apply(event: WebhookEvent) -> None:
+            # The store is the one whose URL (and secret) the delivery came through; the
+            # receiver has checked that the signed body names the same store.
+            if event.resource not in resources:
+                counts.ignored += 1  # also keeps unknown resources out of the SQL
+                return
+            try:
+                if event.is_delete:
+                    if event.record_id is None:
+                        raise ValueError("a delete event without the record's id")
+                    await sink.delete_record(store, event.resource, event.record_id)
+                    counts.deletes += 1
+                    counts.applied += 1
+                elif event.record is None or event.record.get("id") is None:
+                    raise ValueError("an event without a record with an id")
+                elif await sink.upsert_record(store, event.resource, event.record):
+                    counts.applied += 1
+                else:
+                    counts.stale += 1
+            except Exception as exc:
+                # Raising has the receiver retry, then dead-letter the event.
+                raise WebhookApplyError(f"store {store}: {describe_error(exc)}") from exc
+
+        return apply
+
+    async def listen(self, host: str, port: int) -> dict[str, str]:
+        """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``, resume what
+        the inbox kept and requeue dead letters; returns the URLs. A port that cannot be bound
+        is a ConfigError."""
+        app = web.Application()
+        app.router.add_post(WEBHOOK_ROUTE, self._dispatch)
+        listener = Listener(app, self.limits)
+        try:
+            _, bound_port = await listener.start(host, port)
+        except OSError as exc:
+            raise ConfigError(
+                f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
+            ) from None
+        self._listener = listener
+        for store, receiver in self.receivers.items():
+            await receiver.start()
+            requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
+            if requeued:
+                self.observe(
+                    Message(f"webhooks of store {store}: {requeued} dead letters requeued")
+                )
+        self._watching = asyncio.create_task(self._watch_counts())
+        shown = f"[{host}]" if ":" in host else host
+        return {
+            store: f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
+            for store in self.receivers
+        }
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        store = request.match_info["store"]
+        receiver = self.receivers.get(store)
+        if receiver is None:
+            body = dumps({"status": "unknown store", "store": store})
+            return web.Response(status=404, body=body, content_type="application/json")
+        return await receiver.handle(request)
+
+    async def pull(self) -> int:
+        """One pull of every configured (store, resource): the initial sync the first time
+        (resuming an interrupted one), incremental afterwards; returns how many units failed
+        (each told to the observer). A DatabaseError is raised."""
+        return await run_round(self.engine)
+
+    async def join(self) -> None:
+        """Wait until every webhook accepted so far is applied or dead-lettered."""
+        await asyncio.gather(*(r.join() for r in self.receivers.values()))
+
+    async def run(self, host: str, port: int, reconcile_every: float) -> None:
+        """Listen, run the initial sync, then reconcile every ``reconcile_every`` seconds (from
+        the start of the previous pull), until cancelled (Ctrl-C, SIGTERM)."""
+        loop = asyncio.get_running_loop()
+        # Listening before the initial sync: changes made while it runs arrive as webhooks
+        # rather than being refused (the upsert rule keeps its older pages from winning).
+        for store, url in (await self.listen(host, port)).items():
+            self.observe(Message(f"webhooks of store {store}: POST {url}"))
+        while True:
+            started, before = loop.time(), self.engine.records
+            failed = await self.pull()
+            rounds = self.engine.rounds
+            what = "initial sync" if rounds == 1 else f"reconciliation {rounds - 1}"
+            # Reconciliations keep their pace however long one takes (one longer than the
+            # interval is followed at once by the next).
+            delay = max(0.0, started + reconcile_every - loop.time())
+            self.observe(
+                Message(
+                    f"{what} done: {self.engine.records - before:,} records pulled"
+                    + (f", {failed} failed (retried next time)" if failed else "")
+                    + f"; next reconciliation in {delay:.0f}s"
+                )
+            )
+            await asyncio.sleep(delay)
+
+    async def aclose(self) -> None:
+        listener, self._listener = self._listener, None
+        watching, self._watching = self._watching, None
+        if watching is not None:
+            watching.cancel()
+        try:
+            if listener is not None:
+                # Answers the deliveries in progress, then refuses connections.
+                await listener.aclose()
+        finally:
+            try:
+                # Each finishes its queue into the still-open database; what is left stays in
+                # the inbox for the next start.
+                await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
+                self._tell_counts()
+            finally:
+                await self._exit.aclose()

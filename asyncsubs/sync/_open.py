@@ -1,0 +1,54 @@
+"""``sink_for(url)``: the one place that knows there are two sinks, and which URL is which.
+
+``postgresql://user@host:port/db`` (or ``postgres://``) is PostgreSQL, shared by any number of
+workers (``postgres.PostgresSink``, extra ``asyncsubs[postgres]``); ``sqlite:///relative.db``,
+``sqlite:////absolute.db`` (SQLAlchemy's style) or a plain path is an SQLite file, one writer
+at a time (``sqlite.SQLiteSink``). Everything else speaks to the ``Sink`` it returns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from ._sink import DEFAULT_LEASE, Sink
+from .sqlite import SQLiteSink
+
+__all__ = ["sink_for"]
+
+
+def sink_for(url: str, *, lease: float = DEFAULT_LEASE) -> Sink:
+    """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
+    names no database. ``lease``: PostgreSQL's, see ``Leases``."""
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from .postgres import PostgresSink
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        return PostgresSink(url, lease=lease)
+    return SQLiteSink(_sqlite_path(url))
+
+
+def _sqlite_path(url: str) -> Path:
+    if "://" not in url:
+        path = url
+    elif url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+    elif url.startswith("sqlite://"):
+        rest = url[len("sqlite://") :]
+        raise ConfigError(
+            f"--db: a SQLite URL has three slashes before a relative path "
+            f"(sqlite:///{rest}) and four before an absolute one (sqlite:////abs/{rest})"
+        )
+    else:
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(
+            f"--db: SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
+            f"got a {scheme}:// URL"
+        )
+    if not path or path == ":memory:":
+        # An in-memory database would vanish with the process, defeating resume.
+        raise ConfigError(f"--db must name a file, got {url!r}")
+    if Path(path).is_dir():
+        raise ConfigError(f"--db: {path} is a directory; name a database file in it")
+    return Path(path)

@@ -1,0 +1,172 @@
+"""Which units run, and when: one round of every ``(store, resource)`` of a ``SyncEngine``.
+
+- **One process** (a sink without leases, SQLite): every store's units at once, ``max_stores``
+  stores at a time, one client per store.
+- **Leased workers** (a sink with ``Leases``, PostgreSQL): every worker running the same sync
+  on the same database shares the round. A worker joins the current round (or starts one when
+  every unit of the last is finished), claims a pending unit nobody holds, pulls it as above
+  (each commit renews its lease, and a page is only committed under the lease), and claims the
+  next one; a heartbeat renews every held lease each ``lease / 3`` seconds. A worker killed
+  stops renewing, and once its leases expire a survivor resumes its units from their committed
+  cursors; one stopped cleanly releases them at once. A worker with nothing to claim waits for
+  a unit released anywhere, or for the earliest lease that may expire, and ends once no unit
+  of the round is pending. It prefers units of stores it already has a client for.
+
+A unit the API refuses is reported (``UnitFailed``) and the others go on; a ``DatabaseError``
+stops the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Iterable
+
+from .. import AdminClient
+from ._config import StoreConfig
+from ._engine import SyncEngine
+from ._events import Message, RunStarted
+from ._sink import DatabaseError, Leases
+
+__all__ = ["run_round"]
+
+
+async def run_round(engine: SyncEngine) -> int:
+    """Every unit of ``engine``'s stores once, here or shared with the sink's other workers;
+    returns how many units failed."""
+    engine.rounds += 1
+    leases = engine.sink.leases
+    if leases is None:
+        units = tuple((c.store, r) for c in engine.configs for r in c.resources)
+        engine.observe(RunStarted(engine.rounds, units))
+        return await _in_this_process(engine)
+    engine.observe(RunStarted(engine.rounds))
+    return await _with_workers(engine, leases)
+
+
+async def _all(tasks: Iterable[Awaitable[object]]) -> None:
+    try:
+        async with asyncio.TaskGroup() as group:
+            for task in tasks:
+                group.create_task(task)  # type: ignore[arg-type]
+    except BaseExceptionGroup as group_exc:
+        # The first real error rather than a group: a DatabaseError, or a bug.
+        raise _first(group_exc) from None
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if isinstance(exc, DatabaseError):
+            return exc
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
+
+
+async def _in_this_process(engine: SyncEngine) -> int:
+    # Waiting stores hold no connections; the progress shows their units waiting.
+    slots = asyncio.Semaphore(engine.max_stores)
+    failed = 0
+
+    async def unit(client: AdminClient, config: StoreConfig, resource: str) -> None:
+        nonlocal failed
+        failed += await engine.pull(client, config, resource) is not None
+
+    async def store(config: StoreConfig) -> None:
+        async with slots, engine.client(config) as client:
+            await _all(unit(client, config, resource) for resource in config.resources)
+
+    await _all(store(config) for config in engine.configs)
+    return failed
+
+
+class _Clients:
+    """One client per store with units held here, closed when its last unit ends."""
+
+    def __init__(self, engine: SyncEngine) -> None:
+        self.engine = engine
+        self._clients: dict[str, tuple[AdminClient, int]] = {}
+
+    def acquire(self, config: StoreConfig) -> AdminClient:
+        client, users = self._clients.get(config.store, (None, 0))
+        if client is None:
+            client = self.engine.client(config)
+        self._clients[config.store] = (client, users + 1)
+        return client
+
+    async def release(self, store: str) -> None:
+        client, users = self._clients[store]
+        if users > 1:
+            self._clients[store] = (client, users - 1)
+            return
+        del self._clients[store]
+        await client.aclose()
+
+    @property
+    def stores(self) -> list[str]:
+        return list(self._clients)
+
+
+async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
+    by_store = {config.store: config for config in engine.configs}
+    units = [(config.store, resource) for config in engine.configs for resource in config.resources]
+    if not units:
+        return 0
+    await leases.join_round(units)
+    # As many pulls at once as the one-process sync runs.
+    slots = asyncio.Semaphore(engine.max_stores * max(len(c.resources) for c in engine.configs))
+    clients = _Clients(engine)
+    running: dict[tuple[str, str], asyncio.Task[None]] = {}
+    failed = 0
+
+    async def pull(unit: tuple[str, str]) -> None:
+        nonlocal failed
+        store, resource = unit
+        try:
+            client = clients.acquire(by_store[store])
+            try:
+                error = await engine.pull(client, by_store[store], resource)
+            finally:
+                await clients.release(store)
+            if error is not None:
+                failed += 1
+                await leases.release(unit, error=error)  # not retried this round
+        finally:
+            running.pop(unit, None)
+            slots.release()
+
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(leases.lease / 3)
+            for unit in await leases.renew(list(running)):
+                # Only when this worker stalled past its lease: the commit check already keeps
+                # its pages out; this stops the pull itself.
+                task = running.get(unit)
+                if task is not None:
+                    task.cancel()
+                    engine.observe(Message(f"{unit[0]}/{unit[1]}: lease lost to another worker"))
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            beat = group.create_task(heartbeat())
+            while True:
+                await slots.acquire()
+                unit = await leases.claim(units, prefer=clients.stores)
+                if unit is not None:
+                    running[unit] = group.create_task(pull(unit))
+                    continue
+                slots.release()
+                wait = await leases.pending_wait(units)
+                if wait is None:
+                    break  # every unit of the round is done or failed
+                # Woken by a unit released or finished anywhere (ours included), or when
+                # another worker's lease may have expired.
+                await leases.wait_for_release(min(wait, leases.lease) + 0.05)
+            beat.cancel()
+    except BaseExceptionGroup as group_exc:
+        raise _first(group_exc) from None
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(leases.release_all())
+    return failed

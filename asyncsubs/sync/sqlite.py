@@ -1,0 +1,347 @@
+"""The SQLite sink: the embedded sync database, one writer at a time.
+
+Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key ``(store,
+id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
+``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_deleted``, the ids
+deleted by webhooks. ``sync --listen`` adds ``webhook_inbox`` and ``webhook_dead_letters``,
+kept by ``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a
+delivery never waits for a page's transaction.
+
+All the sink's SQLite work runs on one dedicated thread holding its one connection: writes are
+serialized without locks, and the event loop never blocks on disk. One process writes a
+database at a time: ``lock()`` holds ``DB.asyncsubs-lock`` beside it with ``flock`` (see
+``hold_database``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from .._sqlite import connect_sqlite
+from ..errors import ConfigError
+from ..json import dumps, loads
+from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
+from ._sink import (
+    DELETED_TABLE,
+    RECORD_UPDATE,
+    STATE_COLUMNS,
+    STATE_TABLE,
+    STATE_UPDATE,
+    DatabaseError,
+    DeadLetters,
+    PageWrite,
+    SinkLifetime,
+    UnitState,
+    UnitStatus,
+    json_text,
+    record_columns,
+    schema,
+    text_value,
+)
+
+__all__ = [
+    "LOCK_SUFFIX",
+    "SQLiteSink",
+    "hold_database",
+]
+
+T = TypeVar("T")
+LOCK_SUFFIX: Final = ".asyncsubs-lock"
+SCHEMA_VERSION: Final = 2
+
+
+#: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
+_SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
+
+
+def _upsert_sql(resource: str) -> str:
+    # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
+    # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare as
+    # instants when SQLite can parse them (``Z`` and offsets mix), as text otherwise. Equal
+    # stamps replace: the next (inclusive) incremental pull settles same-second changes.
+    return f"""
+        INSERT INTO {resource}
+            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
+        SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {DELETED_TABLE}
+            WHERE store = ?1 AND resource = '{resource}' AND id = ?2)
+        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
+        WHERE {resource}.updated_at IS NULL OR excluded.updated_at IS NULL
+            OR coalesce(julianday(excluded.updated_at) >= julianday({resource}.updated_at),
+                        excluded.updated_at >= {resource}.updated_at)"""
+
+
+_SAVE_STATE_SQL: Final = f"""
+    INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS}, run_started_at,
+            run_finished_at, updated_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
+            run_started_at = CASE WHEN ? THEN excluded.run_started_at ELSE run_started_at END"""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else json_text(value)
+
+
+def _load(value: str | None) -> Any:
+    return None if value is None else loads(value)
+
+
+def _row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
+    """The upsert's parameters for one record (which has an ``id``)."""
+    return (*record_columns(store, record), json_text(record), now)
+
+
+def _holder(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        data = loads(os.pread(fd, 4096, 0))
+        return f"pid {data['pid']} on host {data['host']}, since {data['since']}"
+    return "a process that has not said who it is yet"
+
+
+@contextlib.contextmanager
+def hold_database(db: Path) -> Iterator[None]:
+    """Hold ``db`` for this process for the block; ConfigError (exit 2) naming the holder when
+    another process has it.
+
+    Two syncs on one database would resume each other's cursors and share its stores' rate
+    limits without knowing it. The lock is the kernel's: it goes with the process however that
+    ends (SIGKILL included), so a stale file never blocks the next run; the file only says who
+    holds it (pid, host, since when). It lies beside the database's real path, symlinks
+    resolved as SQLite resolves them; a hard link is a second name SQLite cannot tell either
+    (its "How To Corrupt An SQLite Database File", 2.4).
+    """
+    if sys.platform == "win32":  # no flock; one sync per database is then the user's rule
+        yield
+        return
+    import fcntl
+
+    if not db.parent.is_dir():
+        raise ConfigError(f"--db: directory {db.parent} does not exist")
+    real = db.resolve()  # one lock however the database is named through symlinks
+    path = real.with_name(real.name + LOCK_SUFFIX)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"--db: cannot create {path}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--db: {db} is in use by another asyncsubs command ({_holder(fd)}); run one "
+                "sync per database at a time"
+            ) from None
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class SQLiteSink(SinkLifetime):
+    """The ``Sink`` in an SQLite file: one connection, used only from one worker thread."""
+
+    #: One writer: a sync holds the database (``lock``) instead of sharing it.
+    leases = None
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.where = str(path)
+        # One thread runs every call in order: a write queued behind another runs after it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._webhook_stores: tuple[SQLiteInbox, SQLiteDeadLetters] | None = None
+
+    def __repr__(self) -> str:
+        return f"<SQLiteSink {self.where}>"
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return hold_database(self.path)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"database {self.path}: {exc}") from exc
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        assert self._conn is not None, "SQLiteSink.open() first"
+        return self._conn
+
+    async def open(self) -> None:
+        try:
+            await self._run(self._open)
+        except BaseException:
+            self._thread.shutdown(wait=False)
+            raise
+
+    def _open(self) -> None:
+        # Transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so a page and its cursor are
+        # committed together. Used from self._thread only.
+        conn = connect_sqlite(self.path)
+        try:
+            with self._transaction(conn):
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def aclose(self) -> None:
+        stores, self._webhook_stores = self._webhook_stores, None
+        for store in stores or ():
+            await store.aclose()
+        if self._conn is not None:
+            # Queued behind any write still running, so that write finishes first.
+            with contextlib.suppress(DatabaseError):
+                await self._run(self.conn.close)
+            self._conn = None
+        self._thread.shutdown(wait=True)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def load_state(self, store: str, resource: str) -> UnitState:
+        return await self._run(self._load_state, store, resource)
+
+    def _load_state(self, store: str, resource: str) -> UnitState:
+        row = self.conn.execute(
+            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = ? AND resource = ?",
+            (store, resource),
+        ).fetchone()
+        return UnitState.from_row(row, _load)
+
+    async def commit_page(self, write: PageWrite) -> None:
+        await self._run(self._commit_page, write)
+
+    def _commit_page(self, w: PageWrite) -> None:
+        now = _now()
+        rows, page_max = w.rows(lambda store, record: _row(store, record, now))
+        conn = self.conn
+        with self._transaction(conn):
+            conn.executemany(_upsert_sql(w.resource), rows)
+            new = w.state_after(self._load_state(w.store, w.resource), len(rows), page_max)
+            conn.execute(
+                _SAVE_STATE_SQL,
+                (
+                    *(w.store, w.resource, new.cursor, int(new.done)),
+                    *map(_dump, (dict(new.run_params), new.run_from, new.next_from)),
+                    *(_dump(new.seen_max), new.run_pages, new.run_records),
+                    *(now, now if new.done else None, now, int(w.new_run)),
+                ),
+            )
+
+    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        return await self._run(self._upsert_record, store, resource, record)
+
+    def _upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        # One statement: its own transaction in autocommit mode.
+        cursor = self.conn.execute(_upsert_sql(resource), _row(store, record, _now()))
+        return cursor.rowcount > 0
+
+    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
+        await self._run(self._delete_record, store, resource, text_value(record_id))
+
+    def _delete_record(self, store: str, resource: str, record_id: str) -> None:
+        conn = self.conn
+        with self._transaction(conn):
+            conn.execute(f"DELETE FROM {resource} WHERE store = ? AND id = ?", (store, record_id))
+            conn.execute(
+                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (store, resource, record_id, _now()),
+            )
+
+    async def count(self, store: str, resource: str) -> int:
+        return await self._run(self._count, store, resource)
+
+    def _count(self, store: str, resource: str) -> int:
+        sql = f"SELECT count(*) FROM {resource} WHERE store = ?"
+        return int(self.conn.execute(sql, (store,)).fetchone()[0])
+
+    # -- read without opening: sync-status and dead-letters -------------------------------------
+
+    def _read(self, sql: str) -> list[Any]:
+        """Rows of ``sql`` from the database opened read-only (no table is created; a missing
+        database is a ConfigError)."""
+        if not self.path.is_file():
+            raise ConfigError(f"--db: {self.path} does not exist")
+        try:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+                return conn.execute(sql).fetchall()
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"database {self.path}: {exc}") from None
+
+    async def status(self) -> list[UnitStatus]:
+        if not await self._has_table(STATE_TABLE):
+            return []
+        rows = await asyncio.to_thread(
+            self._read,
+            f"SELECT store, resource, done, run_records, run_pages, updated_at FROM {STATE_TABLE}"
+            " ORDER BY store, resource",
+        )
+        now = datetime.now(UTC)
+        return [
+            UnitStatus(
+                store=store,
+                resource=resource,
+                state="done" if done else "pending",
+                holder=None,
+                lease_left=None,
+                records=records,
+                pages=pages,
+                cursor_age=(now - datetime.fromisoformat(updated)).total_seconds(),
+                error=None,
+            )
+            for store, resource, done, records, pages, updated in rows
+        ]
+
+    async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
+        if self._webhook_stores is None:
+            # Connections of their own: acknowledging a delivery must not wait for a page's
+            # transaction on the writer thread. Both tables exist from here on, so monitoring
+            # queries work before the first event.
+            self._webhook_stores = (SQLiteInbox(self.path), SQLiteDeadLetters(self.path))
+            for store in self._webhook_stores:
+                await store.open()
+        return self._webhook_stores
+
+    async def has_webhook_tables(self) -> bool:
+        return await self._has_table("webhook_dead_letters")
+
+    async def _has_table(self, name: str) -> bool:
+        sql = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}'"
+        return bool(await asyncio.to_thread(self._read, sql))
