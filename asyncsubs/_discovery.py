@@ -38,8 +38,11 @@ __all__ = [
 FAR_STEP: Final = 2.0
 #: A raise once a refusal is known (a probe) is small: the pool sits just under it.
 NEAR_STEP: Final = 1.05
-#: Windows a rate must run clean before the next raise: one far from any refusal, more near one
-#: (a rate a little above the server's is refused only when the starts happen to bunch).
+#: Windows a rate must run clean before the next raise: two far from any refusal (a token
+#: bucket lets a rate above its refill through until it is empty: one twice the limit for a
+#: window of a bucket of a window's tokens), more near one (a rate a little above the server's
+#: is refused only when the starts happen to bunch, or a bucket runs dry).
+FAR_WINDOWS: Final = 2
 NEAR_WINDOWS: Final = 5
 #: Seconds a pool holds its rate after a 429 before it probes again; doubled for every refusal in
 #: a row (the server's limit stays where it was), up to ``MAX_HOLD``.
@@ -134,21 +137,24 @@ def rate_of(per_second: float, window: float) -> Rate:
 class RateSearch:
     """A discovering pool's rate, from its start up to its ceiling.
 
-    - **Raise** after clean time at saturation: a window since the last change (five once a
-      refusal is known) and at least two starts that waited for their slot (the pool, not the
-      caller, was the bottleneck), without a 429 or an announced limit. Far from any refusal
-      it doubles; once one is known it steps 5% (a probe).
+    - **Raise** after clean time at saturation: starts that each waited for their slot (the
+      pool, not the caller, was the bottleneck; a start that did not wait begins the count
+      anew) for a whole window (five once a refusal is known), without a 429 or an announced
+      limit. Far from any refusal it doubles; once one is known it steps 5% (a probe).
     - **429**: at least 5% under the refused rate, no faster than the server evidently allowed
-      in the window before (the starts this loop saw accepted; fewer than the last clean rate
-      needs means other workers' went unseen, and only halving counts), no faster than halfway
-      back to the last rate that ran clean and never below it; then a hold of ``PROBE_HOLD``
-      s, doubled for each refusal in a row, before the next raise. A refused rate that later
-      runs clean is forgotten: the server changed.
+      in the window before (the starts this loop saw accepted; when other processes pace the
+      pool too, fewer than the last clean rate needs means theirs went unseen, and only halving
+      counts), no faster than halfway back to the highest rate below it that ran clean and
+      never below that; then a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row,
+      before the next raise. A refused rate that later runs clean is forgotten: the server
+      changed.
     - **Announced** limits replace the search (``announce``).
     """
 
     __slots__ = (
         "_clean",
+        "_goods",
+        "_run_since",
         "announced",
         "by",
         "ceiling",
@@ -172,7 +178,8 @@ class RateSearch:
         self.good: float | None = None
         self.refused: float | None = None
         self.strikes, self.hold_until, self.announced = 0, -math.inf, False
-        self.changed_at, self._clean = -math.inf, 0
+        self.changed_at, self._clean, self._run_since = -math.inf, 0, -math.inf
+        self._goods: list[float] = []  # every rate that ran clean, ascending: ``good`` is last
 
     def pace(self) -> Rate:
         return rate_of(self.rate, self.window)
@@ -183,12 +190,19 @@ class RateSearch:
     def started(self, now: float, waited: bool) -> bool:
         """A request of the pool started (``waited``: it queued for its slot, so the pool was
         the bottleneck); True when that raised the rate."""
-        self._clean += waited
-        windows = 1 if self.refused is None else NEAR_WINDOWS
-        if self.announced or self._clean < 2 or now - self.changed_at < windows * self.window:
+        if not waited:  # the caller, not the pool, set the pace: no evidence of this rate
+            self._clean = 0
+            return False
+        if self._clean == 0:
+            self._run_since = now
+        self._clean += 1
+        windows = FAR_WINDOWS if self.refused is None else NEAR_WINDOWS
+        ran = now - max(self._run_since, self.changed_at)
+        if self.announced or self._clean < 2 or ran < windows * self.window:
             return False
         if self.good is None or self.rate > self.good:  # it ran clean
             self.good = self.rate
+            self._goods.append(self.rate)
             if self.refused is not None and self.good >= self.refused:
                 self.refused, self.strikes = None, 0  # the server allows what it refused
         if self.rate >= self.ceiling or now < self.hold_until:
@@ -197,21 +211,27 @@ class RateSearch:
         self._set(now, min(self.ceiling, rate), "probe")
         return True
 
-    def refused_at(self, now: float, allowed: float | None) -> None:
+    def refused_at(self, now: float, allowed: float | None, *, every_start: bool = True) -> None:
         """A 429 answered a request paced at the current rate; ``allowed``: the rate the server
-        evidently allowed in the window before (None: unknown)."""
+        evidently allowed in the window before (None: unknown), counted from ``every_start``
+        of the pool, or from this process's only (others pace it too, unseen)."""
         if self.announced:
             return
         paced = self.rate
-        good = self.good if self.good is not None and self.good < paced else None
+        # A rate refused is no longer one that ran clean (a token bucket let it through for a
+        # while), nor is one above what the server just accepted of all the pool's starts (it
+        # lowered its limit): the highest one below both is.
+        top = allowed if allowed is not None and every_start else paced
+        self._goods = [rate for rate in self._goods if rate < paced and rate <= top]
+        good = self._goods[-1] if self._goods else None
         rate = paced / (1 + SLOWDOWN_STEP)
-        # Fewer starts accepted than a rate that ran clean needs: others' starts went unseen
-        # (other workers), so only the rate that ran clean bounds the server's limit.
-        if allowed is not None and (good is None or allowed >= good):
+        # Counted from this process's starts alone, fewer than a rate that ran clean needs
+        # means other workers' went unseen: only the rate that ran clean bounds the limit.
+        if allowed is not None and (every_start or good is None or allowed >= good):
             rate = min(rate, allowed)
         if good is not None:
             rate = max(good, min(rate, (good + paced) / 2))
-        self.good = good  # a rate refused now is no longer one that ran clean
+        self.good = good
         self.refused = paced if self.refused is None else min(self.refused, paced)
         self.strikes += 1
         self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
@@ -243,6 +263,7 @@ class RateSearch:
             return  # what this search knows already (written back by another holder)
         expired = learned.expired()
         self.good = None if expired else learned.good
+        self._goods = [] if self.good is None else [self.good]
         self.refused = None if expired else learned.refused
         self.strikes = 0 if expired else learned.strikes
         self.hold_until = now + (0.0 if expired else learned.hold)

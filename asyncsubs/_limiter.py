@@ -66,7 +66,8 @@ class LearningBackend(Protocol):
     """``exchange``: the shared record of what ``key`` (a pool, or a list path) of ``store``
     learned, with a version. Given ``learned``, it is written if ``version`` is the shared one's
     (0: none yet), compare-and-set; returns the shared ``(version, record or None, written)``,
-    the record's ``hold`` and ``age`` counted to now on the backend's clock."""
+    the record's ``hold`` and ``age`` counted to now on the backend's clock. ``sharers``: how
+    many processes pace ``store`` through the backend now (optional; 1 without it)."""
 
     async def exchange(
         self, store: str, key: str, version: int, learned: Learned | None
@@ -137,10 +138,11 @@ class _Pool:
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
-        # A discovering pool's last change of rate, and when its answered requests were due
-        # (the starts the server accepted, as far as this loop saw: a 429 counts its window).
+        # A discovering pool's last change of rate, and when its requests were due that were
+        # not refused (the starts the server counted, as far as this loop knows: a 429 counts
+        # its window).
         self.repaced_at = -math.inf
-        self.answered = deque[float](maxlen=0 if search is None else 2 * search.most + 2)
+        self.counted = deque[float](maxlen=0 if search is None else 2 * search.most + 2)
 
 
 #: The fields of PoolStats that a _Pool holds under the same names.
@@ -204,8 +206,6 @@ class Slot:
         # An answered light request is a jitter sample (heavy pages are built after the stamp).
         if exc_type is None and self._pool is self._limiter._global:
             self._limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
-        elif exc_type is None:
-            self._pool.answered.append(self.due)
 
 
 class StoreLimiter:
@@ -247,7 +247,7 @@ class StoreLimiter:
             rate_by = "server" if p.rate is not p.configured and search is None else rate_by
             pools[name] = PoolStats(
                 **{f: getattr(p, f) for f in _COUNTED},
-                rate=p.rate.per_second if p.requests else 0.0,
+                rate=p.rate.per_second,
                 rate_by=rate_by,
                 ceiling_found=None if search is None else search.refused,
                 page_size=None if learning is None else learning.pages.size,
@@ -363,18 +363,28 @@ class StoreLimiter:
     def _refused(self, p: _Pool, search: RateSearch, due: float, now: float) -> None:
         """A 429 answered a discovering pool's request due at ``due``."""
         with contextlib.suppress(ValueError):
-            p.answered.remove(due)  # refused, not accepted
+            p.counted.remove(due)  # refused, not counted
         if due <= p.repaced_at:  # sent before the pool last changed its rate
             return
         # What the server evidently allowed: the starts it accepted in the window before, as a
-        # sliding window counts them (pauses in it change nothing: the server counted these).
-        per = p.rate.per
-        accepted = sum(due - per < answered < due for answered in p.answered)
-        search.refused_at(now, accepted / per if accepted else None)
+        # sliding window counts them (pauses in it change nothing: the server counted these);
+        # refused again at a rate a 429 set, no more than it accepted since the pause after
+        # that 429 (a fixed window counts fewer than the last second holds, a token bucket
+        # refills more slowly than it lets a burst through).
+        per, counted = search.window, p.counted
+        allowed = sum(due - per < start < due for start in counted) / per
+        since = max(p.repaced_at, p.pause_until, counted[0] if counted else due)
+        if search.by == "429" and due - since >= per:
+            allowed = min(allowed, sum(since <= start < due for start in counted) / (due - since))
+        # Shared through Redis, the other workers' starts went unseen: as many again per worker
+        # (they claim the pool's slots in turn).
+        sharers = getattr(self._backend, "sharers", None)
+        workers = 1 if sharers is None else sharers(self.store)
+        search.refused_at(now, allowed * workers or None, every_start=workers == 1)
         self._repaced(p, now)
         self._share(p.name)
-        message = "store %r pool %r: 429 after %d starts in %.3fs, rate now %.3f/s"
-        logger.debug(message, self.store, p.name, accepted, per, search.rate)
+        message = "store %r pool %r: 429, the server evidently allowed %.3f/s, rate now %.3f/s"
+        logger.debug(message, self.store, p.name, allowed, search.rate)
 
     def server_limit(self, pool: str, limit: ServerLimit, *, hold: bool = True) -> None:
         """A response of ``pool`` announced the server's limit: pace by a lower quota (any, with
@@ -470,6 +480,8 @@ class StoreLimiter:
             p.run_start = due
         p.last_start, p.requests, p.in_flight = due, p.requests + 1, p.in_flight + 1
         p.wait_seconds += due - queued_at
+        if p.search is not None:
+            p.counted.append(due)
         if p.search is not None and p.search.started(due, waited=due > queued_at):
             self._repaced(p, due)
             self._share(p.name)

@@ -23,7 +23,7 @@ class PoolStats:
     margin: float = 0.0  #: the margin in that interval
     #: What sets the interval: "start" (no samples yet), "floor", "jitter", "429", "server"
     paced_by: str = "start"
-    #: Requests per second the pool paces at before its margin (0 before the first request)
+    #: Requests per second the pool paces at before its margin (0 until the store is bound)
     rate: float = 0.0
     #: What set that rate: "configured", "server" (announced); for a discovering pool "start",
     #: "probe" (raised after clean time), "429" or "remembered" (learned before)

@@ -124,7 +124,7 @@ _LOG_EVERY: Final = 60.0
 # half-life, configured interval (0: unknown), worker id, its fallback fraction (0: none),
 # lapse, forget ms, least share; times in microseconds. Returns {wait, slowdown, another
 # worker's configured interval or 0, how far Redis's clock went back since the key was
-# written or 0}.
+# written or 0, the workers heard of within the lapse, this one included}.
 RESERVE_SCRIPT: Final = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -137,6 +137,7 @@ local forget = tonumber(ARGV[8]) * 1000
 -- fraction: the others leave that much of the rate unused.
 local workers = redis.call('HGETALL', KEYS[4])
 local alone = 0
+local live = 1
 for i = 1, #workers, 2 do
   if workers[i] ~= ARGV[5] then
     local sep = string.find(workers[i + 1], ':', 1, true)
@@ -145,6 +146,8 @@ for i = 1, #workers, 2 do
       redis.call('HDEL', KEYS[4], workers[i])
     elseif age > lapse then
       alone = alone + (tonumber(string.sub(workers[i + 1], sep + 1)) or 0)
+    else
+      live = live + 1
     end
   end
 end
@@ -175,7 +178,7 @@ if slow[1] and slow[2] then
   slowdown = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
 end
 return {slot - now, tostring(slowdown), string.format('%.0f', other),
-  string.format('%.0f', stepped)}
+  string.format('%.0f', stepped), live}
 """
 
 # A pause never shortens a longer one (its key expires when it ends); a slowdown never lowers
@@ -388,6 +391,7 @@ class RedisPacing:
         # holds none of the starts this worker paced alone, its fallback none of Redis's.
         self._next: dict[tuple[str, str], float] = {}
         self._mismatched: set[tuple[str, str]] = set()  # (store, pool) told once
+        self._sharers: dict[str, int] = {}  # store -> workers pacing it, at the last reserve
         # Down state: requests neither wait on Redis nor call it until the recheck succeeds.
         self._memory = MemoryPacing()  # fallback pacing while down
         self._down = False
@@ -502,6 +506,7 @@ class RedisPacing:
             )
             wait, slowdown = int(reply[0]) / _US, float(reply[1])
             other, stepped = int(reply[2]), int(reply[3]) / _US
+            self._sharers[store] = max(1, int(reply[4]))
         except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
             failure: Exception | None = exc
         else:
@@ -544,6 +549,12 @@ class RedisPacing:
                 stepped,
             )
         return wait, slowdown
+
+    def sharers(self, store: str) -> int:
+        """How many workers paced ``store`` through Redis lately, this one included (as the
+        last reserve saw them): a 429's count of the starts the server accepted, made from
+        this worker's alone, is scaled by it."""
+        return self._sharers.get(store, 1)
 
     async def exchange(
         self, store: str, key: str, version: int, learned: Learned | None

@@ -35,6 +35,14 @@ def no_retry_waits() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def own_cache_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What pulls learn goes to a cache directory of the test's own, not the user's."""
+    monkeypatch.setenv("ASYNCSUBS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(autouse=True)
 def fresh_default_limiter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test starts from untouched budgets: the default limiter's state outlives a test's
     loop, and one test's virtual clock means nothing on the next one's."""

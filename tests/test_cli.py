@@ -389,7 +389,7 @@ def test_help_and_version(capsys: Any) -> None:
     assert "stores synced at once (default: 32)" in help_text
     assert main(["pull", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "(the server may clamp it) (default: 250)" in help_text
+    assert "default: the largest page the server serves, learned while pulling" in help_text
     assert "seconds per attempt (default: 30.0)" in help_text
     assert "(default: None)" not in help_text
     # fake-server shows no progress, so it offers no progress options.
@@ -481,11 +481,14 @@ def test_demo_without_a_terminal(
     assert main([*args, "--progress-interval", "0.2"]) == 0
     captured = capsys.readouterr()
     assert "\x1b[" not in captured.out + captured.err
-    assert "acme-coffee/orders: done, 300 records in 2 pages" in captured.err
+    # acme-coffee serves 500 records a page: one page; globex-pets refuses more than 250: a
+    # page size learned from two 400s and one more past it, then two pages.
+    assert "acme-coffee/orders: done, 300 records in 1 page" in captured.err
+    assert re.search(r"globex-pets/orders: .*250 records/page", captured.err)
     out = captured.out
     assert "asyncsubs demo: records per store and resource" in out
-    assert re.search(r"^globex-pets\s+customers\s+300\s+300\s+2\s+0\s", out, re.M)
-    assert "1,800 records, 12 requests, 0 429s" in out
+    assert re.search(r"^globex-pets\s+customers\s+300\s+300\s+5\s+0\s", out, re.M)
+    assert "1,800 records, 18 requests, 0 429s" in out
     assert f"database: kept at {db}" in out
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM subscriptions").fetchone()[0] == 600
@@ -635,11 +638,17 @@ def test_api_version_of_the_flag_or_the_config_key_is_the_paths(
     assert "/admin/2027-01/orders" in paths
 
 
-def test_pull_and_sync_ask_for_250_records_a_page_by_default(
+def test_pull_and_sync_ask_for_the_largest_page_unless_a_size_is_set(
     server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server.clear_requests()
     assert main(pull_args(server, "orders", "-o", str(tmp_path / "o.jsonl"), "-q")) == 0
+    assert (
+        main(
+            pull_args(server, "orders", "-o", str(tmp_path / "p.jsonl"), "-q", "--page-size", "100")
+        )
+        == 0
+    )
     config = tmp_path / "stores.toml"
     config.write_text(
         f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n'
@@ -648,8 +657,12 @@ def test_pull_and_sync_ask_for_250_records_a_page_by_default(
     )
     monkeypatch.setenv("A", server.store("acme").token)
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "-q"]) == 0
+    with config.open("a", encoding="utf-8") as f:
+        f.write("[defaults]\npage_size = 100\n")
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "t.db"), "-q"]) == 0
     sizes = [r.query.get("pageSize") for r in server.requests]
-    assert sizes == ["250", "250"]  # one page each: 137 records
+    # The largest page first (137 records: one page), a fixed size as set (two pages).
+    assert sizes == ["1000", "100", "100", "1000", "100", "100"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ from asyncsubs._discovery import (
 )
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
-from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
+from asyncsubs.testing._limits import StoreWindows, Window
 
 ORDERS = "orders"
 
@@ -134,15 +135,15 @@ def test_bad_discovery_config_is_a_config_error(call: Any, match: str) -> None:
 # The rate search, on the virtual clock
 
 
-async def test_a_clean_pool_doubles_after_each_clean_window_up_to_its_ceiling(
+async def test_a_clean_pool_doubles_after_two_clean_windows_up_to_its_ceiling(
     clock: VirtualClock,
 ) -> None:
-    run = await pull(bind(discovering(ceiling=40)), SlidingWindow(1000), 12.0)
+    run = await pull(bind(discovering(ceiling=40)), SlidingWindow(1000), 20.0)
     assert [rate for _, rate in run.rates] == [1, 2, 4, 8, 16, 32, 40]
     changes = [t for t, _ in run.rates]
-    # Each rate ran at least a window, with starts that waited for their slot.
-    assert all(b - a >= 1.0 for a, b in itertools.pairwise(changes))
-    assert changes[-1] - changes[0] < 10.0  # 1 to 40/s in under ten seconds
+    # Each rate ran two windows, with starts that waited for their slot.
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(changes))
+    assert changes[-1] - changes[0] < 16.0  # 1 to 40/s in under sixteen seconds
     assert not run.refusals
 
 
@@ -160,12 +161,37 @@ async def test_a_429_sets_the_rate_to_what_the_server_allowed_then_holds(
     assert achieved(run.accepted, start, start + 200) == pytest.approx(10 / 1.02, rel=0.005)
 
 
+class ServerWindow:
+    """The fake server's own window of a flavour, as a ``SlidingWindow`` is used."""
+
+    def __init__(self, window: Window, n: int) -> None:
+        limits = ServerRateLimits(heavy={ORDERS: Rate(n)}, window=window)
+        self.windows = StoreWindows(limits)
+
+    def admit(self, now: float) -> float | None:
+        return self.windows.acquire(ORDERS, now)
+
+
+@pytest.mark.parametrize("window", ["sliding", "fixed", "leaky"])
+@pytest.mark.parametrize("n", [2, 5, 10])
+async def test_every_window_flavour_is_found_with_few_429s(
+    clock: VirtualClock, window: Window, n: int
+) -> None:
+    sl = bind(discovering())
+    run = await pull(sl, ServerWindow(window, n), 120)  # type: ignore[arg-type]
+    assert len(run.refusals) <= 4
+    rate = sl.stats().pools[ORDERS].rate
+    assert 0.9 * n <= rate <= 1.0 * n
+    start = run.accepted[-1] - 60
+    assert achieved(run.accepted, start, start + 60) >= 0.9 * n
+
+
 async def test_probes_after_the_hold_grow_rarer_at_the_same_level(clock: VirtualClock) -> None:
     sl = bind(discovering())
     run = await pull(sl, SlidingWindow(10), 40 * 60)
     gaps = [b - a for a, b in itertools.pairwise(run.refusals)]
-    # 5, 10 and 20 minutes (and the probe's own clean window) between refusals.
-    assert gaps == pytest.approx([PROBE_HOLD, 2 * PROBE_HOLD, 4 * PROBE_HOLD], abs=3.0)
+    # 5, 10 and 20 minutes (and the probe's own clean windows) between refusals.
+    assert gaps == pytest.approx([PROBE_HOLD, 2 * PROBE_HOLD, 4 * PROBE_HOLD], abs=15.0)
     assert sl.stats().pools[ORDERS].rate == pytest.approx(10.0)
     assert len(run.refusals) <= 1 + 40 // 10  # at most one 429 per ten minutes after the first
 
@@ -212,15 +238,20 @@ async def test_probing_never_touches_the_global_pool(clock: VirtualClock) -> Non
 
 def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_start() -> None:
     search = RateSearch(Discovery(start=Rate(4), ceiling=Rate(50)))
-    search.good, search.rate = 8.0, 16.0
-    search.refused_at(0.0, allowed=2.0)  # fewer than 8/s needs: other workers' went unseen
+    search._goods, search.good, search.rate = [4.0, 8.0], 8.0, 16.0
+    # Counted from this process's starts only (workers shared through Redis): fewer than 8/s
+    # needs means other workers' went unseen.
+    search.refused_at(0.0, allowed=2.0, every_start=False)
     assert search.rate == 12.0  # halfway back to the rate that ran clean
     search.refused_at(1.0, allowed=None)
     assert search.rate == 10.0
     search.rate = 8.0
-    search.refused_at(2.0, allowed=None)  # the rate that ran clean was refused: not good
-    assert (search.good, search.rate) == (None, pytest.approx(8 / 1.05))
-    for now in range(3, 60):
+    search.refused_at(2.0, allowed=None)  # the rate that ran clean was refused: the one below
+    assert (search.good, search.rate) == (4.0, 6.0)
+    # Counted from every start of the pool: the server evidently lowered its limit.
+    search.refused_at(3.0, allowed=4.5)
+    assert (search.good, search.rate) == (4.0, 4.5)
+    for now in range(4, 60):
         search.refused_at(float(now), allowed=None)
     assert search.rate == 1.0  # a quarter of the start at least
     assert search.hold_until == 59.0 + MAX_HOLD
@@ -472,15 +503,20 @@ async def test_workers_sharing_redis_pace_one_pool_by_the_store_s_learned_rate(
     from asyncsubs.redis import RedisLimiter
 
     prefix, server = f"t-{time.monotonic_ns()}", SlidingWindow(4)
-    limits = discovering(ceiling=16)
+    limits = discovering(ceiling=16, start=2)
     async with (
         RedisLimiter(redis_url, prefix=prefix) as a,
         RedisLimiter(redis_url, prefix=prefix) as b,
     ):
         workers = [a.bind("acme", limits), b.bind("acme", limits)]
-        runs = await asyncio.gather(*(pull(worker, server, 6.0) for worker in workers))
-    rates = [worker.stats().pools[ORDERS].rate for worker in workers]
-    assert rates == [4.0, 4.0]  # one learned rate, the store's
+        runs = await asyncio.gather(*(pull(worker, server, 7.0) for worker in workers))
+        # A second more: each reads what the other wrote last.
+        await asyncio.gather(*(pull(worker, server, 1.2) for worker in workers))
+    first, second = (worker.stats().pools[ORDERS].rate for worker in workers)
+    assert first == second  # one learned rate, the store's
+    # Together within the server's 4/s; the starts a 429 counts are each worker's own, scaled by
+    # the workers sharing the pool, so not exactly 4/s (the benchmark measures how close).
+    assert 2 <= first <= 4
     assert sum(len(run.refusals) for run in runs) <= 4
     accepted = sorted(t for run in runs for t in run.accepted)
     late = [t for t in accepted if t > accepted[-1] - 2.0]

@@ -918,7 +918,7 @@ async def test_stats_count_requests_429s_retries_and_waiting(clock: VirtualClock
     assert isinstance(stats, LimiterStats)
     assert stats.store == "acme"
     assert stats.max_in_flight == 64
-    assert stats.pools["orders"] == PoolStats()
+    assert stats.pools["orders"] == PoolStats(rate=1.0)  # untouched: its rate, no counts
     g = stats.pools["global"]
     assert (g.requests, g.rate_limited, g.retries, g.waiting) == (5, 1, 2, 0)
     assert g.wait_seconds == pytest.approx(0.1 * (0 + 1 + 2 + 3 + 4))

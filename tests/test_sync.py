@@ -454,7 +454,7 @@ incremental.orders = { param = "updatedAtMin", field = "updatedAt" }
     assert acme.retry.max_attempts == 4
     assert acme.limits.global_rate == parse_rate("40/1s")
     assert acme.limits.heavy["subscriptions"] == parse_rate("2/3s")
-    assert acme.limits.heavy["customers"] == parse_rate(1)  # the library default
+    assert acme.limits.heavy["customers"] == Rate.discover()  # not set: discovered
     assert globex.resources == ("orders",)
     assert (globex.page_size, globex.timeout, globex.limits.max_in_flight) == (50, 10.0, 8)
     assert globex.limits.heavy["orders"] == parse_rate("1/s")

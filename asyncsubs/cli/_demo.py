@@ -1,9 +1,11 @@
 """``asyncsubs demo``: the embedded fake service, synced.
 
-The demo starts ``FakeAdminServer`` in a process of its own with several stores whose server-side
-rate limits equal the client's limits (each store with a different window flavour: sliding, fixed,
-leaky bucket), syncs them all into SQLite with the same engine as ``sync``, and prints what was
-achieved against what was allowed, as the server measured it. No network, no setup.
+The demo starts ``FakeAdminServer`` in a process of its own with several stores, each with its
+own heavy pools' rates, window flavour (sliding, fixed, leaky bucket) and largest page (clamped
+or refused above), none of which the client is told: it syncs them all into SQLite with the
+same engine and defaults as ``sync``, finding each pool's rate and each list's page size, and
+prints what it learned and achieved against what was allowed, as the server measured it. A rerun
+with the same ``--db`` starts from what the first learned. No network, no setup.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ import attrs
 
 from .. import Limits, Rate
 from ..errors import ConfigError
-from ..sync import RESOURCES, Sink, StoreConfig, SyncEngine, run_round, sink_for
+from ..sync import (
+    DEFAULT_PAGE_SIZE,
+    RESOURCES,
+    Sink,
+    StoreConfig,
+    SyncEngine,
+    run_round,
+    sink_for,
+)
 from ._common import CommandFailed, Runner, non_negative_int, positive_int
 from ._output import Output
 from ._progress import Progress, plural
@@ -33,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["DEMO_STORES", "DemoStore", "add_parser"]
 
 GLOBAL_RATE: Final = Rate(50, per=1.0)
-DEMO_PAGE_SIZE: Final = 250  # the fake server's maximum
 DEMO_LATENCY: Final = (0.005, 0.03)  # seconds, drawn per answer
 
 
@@ -41,36 +50,46 @@ DEMO_LATENCY: Final = (0.005, 0.03)  # seconds, drawn per answer
 class DemoStore:
     name: str
     records: Mapping[str, int]
+    #: The server's heavy pools: the client is not told them, and finds them.
     heavy: Mapping[str, Rate]
     #: The server's window flavour (see ServerRateLimits): the client must hold against each.
     window: Literal["sliding", "fixed", "leaky"]
+    #: The server's largest page, and what a larger pageSize gets (the client is not told).
+    page: int = 250
+    over_max: Literal["clamp", "reject"] = "clamp"
 
 
-# Sized so the slowest pool needs ~20 s at its rate: long enough to watch, short enough to wait.
+# Sized so the slowest pool needs ~20 s: long enough to watch, short enough to wait.
 DEMO_STORES: Final = (
     DemoStore(
         "acme-coffee",
-        {"subscriptions": 9_000, "customers": 6_000, "orders": 14_000},
+        {"subscriptions": 12_000, "customers": 8_000, "orders": 20_000},
         {"subscriptions": Rate(2), "customers": Rate(2), "orders": Rate(3)},
         "sliding",
+        page=500,
     ),
     DemoStore(
         "globex-pets",
-        {"subscriptions": 6_000, "customers": 4_000, "orders": 9_000},
+        {"subscriptions": 6_000, "customers": 3_000, "orders": 9_000},
         {"subscriptions": Rate(2), "customers": Rate(1), "orders": Rate(2)},
         "fixed",
+        page=250,
+        over_max="reject",
     ),
     DemoStore(
         "initech-razors",
-        {"subscriptions": 3_000, "customers": 2_000, "orders": 5_000},
+        {"subscriptions": 3_000, "customers": 2_000, "orders": 6_000},
         {"subscriptions": Rate(3, per=2.0), "customers": Rate(1), "orders": Rate(2)},
         "leaky",
+        page=200,
+        over_max="reject",
     ),
     DemoStore(
         "umbrella-vitamins",
-        {"subscriptions": 1_500, "customers": 1_000, "orders": 2_500},
+        {"subscriptions": 2_000, "customers": 1_500, "orders": 3_000},
         {"subscriptions": Rate(2), "customers": Rate(2), "orders": Rate(2)},
         "sliding",
+        page=100,
     ),
 )
 
@@ -81,9 +100,11 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         parents=[output],
         help="sync embedded fake stores into SQLite (no setup, no network)",
         description=(
-            "Start a fake admin server in a process of its own with several stores and "
-            "realistic rate limits, sync them into SQLite with live progress, and summarise "
-            "requests, 429s and achieved against allowed rates."
+            "Start a fake admin server in a process of its own with several stores, each with "
+            "its own rate limits and largest page, none of which the client is told; sync them "
+            "into SQLite with live progress, finding each pool's rate and page size, and "
+            "summarise what was learned, requests, 429s and achieved against allowed rates. A "
+            "rerun with the same --db starts from what the first learned."
         ),
     )
     demo.add_argument(
@@ -106,9 +127,8 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--page-size",
         type=positive_int,
-        default=DEMO_PAGE_SIZE,
         metavar="N",
-        help="records per request",
+        help="records per request, fixed (default: the largest page each store serves, learned)",
     )
     demo.set_defaults(handler=cmd_demo)
 
@@ -157,6 +177,8 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             s.name,
             records=dict(s.records),
             rate_limits=ServerRateLimits(global_rate=GLOBAL_RATE, heavy=s.heavy, window=s.window),
+            max_page_size=s.page,
+            over_max=s.over_max,
         )
         for s in stores
     ]
@@ -171,7 +193,6 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             make_records=True,
             stores=server_stores,
             latency=DEMO_LATENCY,
-            max_page_size=max(DEMO_PAGE_SIZE, args.page_size),
         ) as server,
     ):
         configs = [
@@ -179,9 +200,9 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
                 store=s.name,
                 base_url=server.base_url,
                 token=server.tokens[s.name],
-                page_size=args.page_size,
-                # The client's limits are the server's: the demo shows pacing at the edge.
-                limits=Limits(global_rate=GLOBAL_RATE, heavy=s.heavy),
+                page_size=args.page_size or DEFAULT_PAGE_SIZE,
+                # As sync's defaults: the global pool's documented 50/s, the heavy pools found.
+                limits=Limits(global_rate=GLOBAL_RATE, discover=True),
             )
             for s in stores
         ]
@@ -258,6 +279,10 @@ def _summary(
             achieved = (
                 "-" if report is None or report.achieved is None else f"{report.achieved:.2f}"
             )
+            learned = (
+                f"{row.stats.rate:.2f}" if row.stats.rate_by not in ("configured", "start") else "-"
+            )
+            page = row.stats.page_size
             rows.append(
                 [
                     store.name,
@@ -267,8 +292,11 @@ def _summary(
                     f"{row.stats.requests:,}",
                     f"{row.stats.rate_limited:,}",
                     achieved,
+                    learned,
                     f"{rate.per_second:.2f}",
                     "-" if report is None else f"{report.peak}/{rate.n}",
+                    f"{page:,}" if page else "-",
+                    f"{store.page:,} ({store.over_max})",
                     f"{row.elapsed():.1f}s",
                 ]
             )
@@ -283,8 +311,11 @@ def _summary(
             "requests",
             "429s",
             "req/s achieved",
-            "req/s allowed",
+            "learned",
+            "allowed",
             "peak/window",
+            "page learned",
+            "page allowed",
             "time",
         ],
         rows,
@@ -293,8 +324,14 @@ def _summary(
             f"{plural(progress.records, 'record')}, {plural(total_requests, 'request')}, "
             f"{total_429:,} 429s in {elapsed:.1f}s (the fake server started in {startup:.1f}s "
             "before)",
-            "req/s achieved: accepted request starts per second, as the server measured them",
+            "req/s achieved: accepted request starts per second, as the server measured them; "
+            "learned: the rate the client found (it was told neither that nor the page size); "
+            "allowed: the server's",
+            "429s: a pool raises its rate after clean time and, refused, settles just under "
+            "what the server accepted; a rerun with the same --db starts there, without them",
             "peak/window: most starts the server saw in any window of the pool's length / limit",
+            "page allowed: the server's largest page, and what a larger one gets (clamp: cut "
+            "short; reject: a 400)",
             f"server rate-limit windows: {windows}",
         ],
     )

@@ -21,9 +21,11 @@ from typing import IO, Any, Final, Literal
 import attrs
 
 from ..errors import ConfigError
+from ..limiting import PoolStats
 from ..sync import (
     Event,
     Message,
+    PoolLearned,
     Retrying,
     UnitDone,
     UnitFailed,
@@ -35,7 +37,16 @@ from ._output import json_line
 from ._progress import Progress, UnitRow, plural
 from ._tables import format_table, rich_available
 
-__all__ = ["DEFAULT_INTERVAL", "Mode", "choose_mode", "show_progress", "webhook_totals"]
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "Mode",
+    "allowed_cell",
+    "choose_mode",
+    "learned_text",
+    "page_cell",
+    "show_progress",
+    "webhook_totals",
+]
 
 Mode = Literal["rich", "plain", "json", "none"]
 DEFAULT_INTERVAL: Final = 5.0
@@ -49,6 +60,7 @@ LIVE_HEADERS: Final = (
     "records/s",
     "requests",
     "req/s (allowed)",
+    "page",
     "retries",
     "429s",
     "time",
@@ -117,6 +129,48 @@ def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
         dead_letters=sum(c.receiver.dead_lettered for c in counts),
         refused=sum(refused(c) for c in counts),
     )
+
+
+#: How a pool's rate came to be, as the displays say it (a configured one needs no word).
+_RATE_BY: Final = {
+    "start": "to start",
+    "probe": "learned",
+    "429": "learned",
+    "remembered": "learned before",
+    "server": "announced",
+}
+
+
+def learned_text(stats: PoolStats) -> str:
+    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``;
+    empty for a pool with a fixed rate and no page size learned."""
+    parts = []
+    how = _RATE_BY.get(stats.rate_by)
+    if how is not None and stats.rate:
+        parts.append(f"{stats.rate:.2f} req/s {how}")
+        if stats.ceiling_found and stats.rate_by != "server":
+            parts[-1] += f" (refused at {stats.ceiling_found:.2f})"
+    if stats.page_size:
+        parts.append(f"{stats.page_size:,} records/page")
+    return ", ".join(parts)
+
+
+def allowed_cell(row: UnitRow, now: float | None = None) -> str:
+    """Requests per second achieved, and the pool's rate in force: configured, announced or
+    learned (``1.96 (2.00 learned)``)."""
+    achieved = f"{row.request_rate(now):.2f}"
+    stats, allowed = row.stats, row.allowed
+    if stats.rate and stats.rate_by != "configured":
+        how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
+        return f"{achieved} ({stats.rate:.2f} {how})"
+    return f"{achieved} ({allowed.per_second:.2f})" if allowed else achieved
+
+
+def page_cell(row: UnitRow) -> str:
+    """Records per page: as learned, else as many as the pages held on average."""
+    if row.stats.page_size:
+        return f"{row.stats.page_size:,}"
+    return f"{row.records // row.pages:,}" if row.pages else ""
 
 
 def status(row: UnitRow) -> str:
@@ -210,6 +264,8 @@ class PlainLines:
             self.write(f"{row.key}: {retry_line(event.error, event)}")
         elif isinstance(event, UnitNote):
             self.write(f"{row.key}: {event.message}")
+        elif isinstance(event, PoolLearned):
+            self.write(f"{row.key}: {learned_text(event.stats)}")
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -261,6 +317,16 @@ class JsonLines(PlainLines):
             self.emit("warning", "retry", row)
         elif isinstance(event, UnitNote):
             self.emit("warning", "note", row, message=event.message)
+        elif isinstance(event, PoolLearned):
+            stats = event.stats
+            learned = {
+                "rate": stats.rate,
+                "rate_by": stats.rate_by,
+                "ceiling_found": stats.ceiling_found,
+                "page_size": stats.page_size,
+                "page_size_by": stats.page_size_by,
+            }
+            self.emit("info", "learned", row, message=learned_text(stats), **learned)
 
     def running(self, row: UnitRow, now: float) -> None:
         self.emit("info", "progress", row)
@@ -270,8 +336,7 @@ class JsonLines(PlainLines):
 
 
 def live_row(row: UnitRow, now: float) -> list[str]:
-    stats, elapsed, allowed = row.stats, row.elapsed(now), row.allowed
-    req_rate = row.request_rate(now)
+    stats, elapsed = row.stats, row.elapsed(now)
     return [
         row.store,
         row.resource,
@@ -280,7 +345,8 @@ def live_row(row: UnitRow, now: float) -> list[str]:
         f"{row.pages:,}",
         rate(row.record_rate(now)),
         f"{stats.requests:,}",
-        f"{req_rate:.2f} ({allowed.per_second:.2f})" if allowed else f"{req_rate:.2f}",
+        allowed_cell(row, now),
+        page_cell(row),
         f"{stats.retries:,}",
         f"{stats.rate_limited:,}",
         f"{elapsed:.1f}s",
@@ -347,6 +413,9 @@ class LiveTable:
             self.live.console.print(f"{row.key}: {retry_line(event.error, event)}", highlight=False)
         elif row is not None and isinstance(event, UnitNote):
             self.live.console.print(f"{row.key}: {event.message}", highlight=False)
+        elif row is not None and isinstance(event, PoolLearned) and self.verbose:
+            # The table's columns show the rate and page size in force; -v: each change too.
+            self.live.console.print(f"{row.key}: {learned_text(event.stats)}", highlight=False)
 
     def refresh(self) -> None:
         self.live.update(self._render(), refresh=True)

@@ -67,11 +67,16 @@ class Output:
     def _say(self, level: str, message: str) -> None:
         if self.json:
             self.write(json_line(level, level, message=message))
+        elif level == "note":
+            self.write(f"{PROG}: {message}")
         else:
-            self.write(f"{PROG}: error: {message}" if level == "error" else f"{PROG}: {message}")
+            self.write(f"{PROG}: {level}: {message}")
 
     def error(self, message: str) -> None:
         self._say("error", message)
+
+    def warning(self, message: str) -> None:
+        self._say("warning", message)
 
     def note(self, message: str) -> None:
         self._say("note", message)

@@ -1,5 +1,9 @@
 """``asyncsubs pull RESOURCE``: one resource of one store as JSON Lines, on stdout or ``-o FILE``.
 
+Unless ``--rate`` and ``--page-size`` pin them, the resource's pool finds its rate and the pull
+the largest page the server serves (``Limits(discover=True)``, ``page_size="max"``), starting
+from what earlier pulls of the store learned (``_learned``: a state file in the cache).
+
 With ``-o FILE``, a checkpoint beside it, ``FILE.asyncsubs-checkpoint``, holds the cursor after
 the last whole page written and FILE's size at that moment. It is replaced atomically (written
 to a temporary file, then renamed) after each page's records were written, so whatever stops the
@@ -30,6 +34,7 @@ from ..sync import (
     DEFAULT_PAGE_SIZE,
     RESOURCES,
     PageCommitted,
+    PoolLearned,
     Retrying,
     UnitDone,
     UnitFailed,
@@ -39,9 +44,12 @@ from ..sync import (
     check_base_url,
     clamped_page_note,
     describe_error,
+    learned_changed,
     stats_since,
 )
 from ._common import CommandFailed, Runner, positive_float, positive_int, rate
+from ._display import learned_text
+from ._learned import LearnedFile
 from ._output import Output
 from ._progress import plural
 
@@ -137,9 +145,9 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     pull.add_argument(
         "--page-size",
         type=positive_int,
-        default=DEFAULT_PAGE_SIZE,
         metavar="N",
-        help="records per request (the server may clamp it)",
+        help="records per request, fixed (the server may clamp it); default: the largest page "
+        "the server serves, learned while pulling and remembered for the next pull",
     )
     pull.add_argument("--after-cursor", metavar="C", help="resume after this cursor")
     pull.add_argument(
@@ -172,8 +180,8 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "--rate",
         type=rate,
         metavar="N/Ss",
-        help="the list endpoint's rate-limit pool, e.g. 2/s or 3/2s (default: the library's "
-        "conservative 1/s)",
+        help="the list endpoint's rate-limit pool, fixed, e.g. 2/s or 3/2s; default: found "
+        "while pulling (from 1/s up, just under the first 429) and remembered for the next pull",
     )
     pull.add_argument(
         "--api-version",
@@ -214,10 +222,12 @@ class Pull:
             self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
         self.pool = self.client.limits.pool_for("GET", args.resource)
         self.base = PoolStats()
+        self.told: PoolStats | None = None  # what the pool knew of the server when last told
 
     def _client(self) -> AdminClient:
         """The pull's client. Token and base URL not given as flags are the client's to find;
-        every setting is checked first, so a usage error exits 2 before any request."""
+        every setting is checked first, so a usage error exits 2 before any request. It starts
+        from what earlier pulls of its store learned (the state file)."""
         args = self.args
         env = os.environ
         token = args.token if args.token is not None else env.get("ASYNCSUBS_TOKEN")
@@ -225,23 +235,30 @@ class Pull:
         check_token(token)
         hint = "--allow-insecure"
         check_base_url(base_url, args.api_version, args.allow_insecure, insecure_hint=hint)
-        limits = (
-            None
-            if args.rate is None
-            else Limits(heavy={**Limits().heavy, args.resource: args.rate})
-        )
-        return AdminClient(
-            token=token,
-            base_url=base_url,
-            store=args.store,
-            limits=limits,
-            timeout=args.timeout,
-            retry=RetryPolicy(max_attempts=args.max_attempts),
-            allow_insecure=args.allow_insecure,
-            user_agent="asyncsubs-cli",
-            version=args.api_version,
-            on_retry=self._retried,
-        )
+        # The other heavy pools discover too, unused: one Limits for every pull of a store.
+        heavy = None if args.rate is None else {args.resource: args.rate}
+        settings: dict[str, Any] = {
+            "token": token,
+            "base_url": base_url,
+            "store": args.store,
+            "limits": Limits(discover=True, heavy=heavy),
+            "timeout": args.timeout,
+            "retry": RetryPolicy(max_attempts=args.max_attempts),
+            "allow_insecure": args.allow_insecure,
+            "user_agent": "asyncsubs-cli",
+            "version": args.api_version,
+            "on_retry": self._retried,
+        }
+        client = AdminClient(**settings)
+        self.learned_file = LearnedFile(self.out.warning)
+        learned = self.learned_file.entry(client.base_url, client.store)
+        if learned is None:
+            return client
+        try:
+            return AdminClient(**settings, learned=learned)
+        except ConfigError as exc:
+            self.out.warning(f"ignoring {self.learned_file.path} for this store: {exc}")
+            return client
 
     def _open_output(self, output: Path) -> tuple[IO[bytes], PullCheckpoint | None]:
         """FILE opened to write at the end of its checkpointed prefix (a rerun continues), or
@@ -293,6 +310,18 @@ class Pull:
     def stats(self) -> PoolStats:
         return stats_since(self.client.stats.pools.get(self.pool, PoolStats()), self.base)
 
+    def _tell_learned(self) -> None:
+        """``PoolLearned`` when the pool's rate or page size changed since last told."""
+        stats = self.stats()
+        if learned_changed(self.told, stats):
+            self.told = stats
+            self.runner.progress(PoolLearned(self.store, self.args.resource, stats))
+
+    def _keep_learned(self) -> None:
+        learned = self.client.export_learned()
+        if learned["pools"]:
+            self.learned_file.save(learned)
+
     def _retried(self, event: RetryEvent) -> None:
         error = describe_error(event.error)
         self.runner.progress(Retrying(self.store, self.args.resource, error, self.stats()))
@@ -339,6 +368,7 @@ class Pull:
             self.base = client.stats.pools.get(self.pool, PoolStats())
             allowed = client.limits.rate_for(self.pool)
             tell(UnitStarted(store, resource, self.checkpoint is not None, self.before, allowed))
+            self._tell_learned()
             if limit is not None and self.before >= limit:
                 self.cursor = None
                 self._save()
@@ -346,7 +376,7 @@ class Pull:
                 return
             # With --limit, a page fetched ahead would likely be thrown away.
             call = getattr(client, resource).list(
-                page_size=args.page_size,
+                page_size=args.page_size or DEFAULT_PAGE_SIZE,
                 after_cursor=self.cursor,
                 params=self.params or None,
                 model=dict,
@@ -364,6 +394,7 @@ class Pull:
                         self.cursor = None if done else page.next_cursor
                         self._save()
                         tell(PageCommitted(store, resource, len(records), self.stats()))
+                        self._tell_learned()
                         if self.pages == 1 and (note := clamped_page_note(args.page_size, page)):
                             tell(UnitNote(store, resource, note))
                         if done:
@@ -377,6 +408,8 @@ class Pull:
             except BaseException:
                 tell(UnitStopped(store, resource, self.stats(), None))
                 raise
+            finally:
+                self._keep_learned()
             tell(UnitDone(store, resource, self.stats(), None))
 
     def main(self) -> int:
@@ -413,6 +446,7 @@ class Pull:
                     else ""
                 )
                 + self._rate_limited(row.stats, row.allowed)
+                + self._learned(row.stats)
             )
         return 0
 
@@ -425,6 +459,11 @@ class Pull:
             return said
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
         return f"{said}: the server allowed about {1 / stats.interval:.2f} requests/s{configured}"
+
+    def _learned(self, stats: PoolStats) -> str:
+        """What the pull knows of the server's limits now, when it found them."""
+        said = learned_text(stats)
+        return f"; {self.args.resource}: {said}" if said else ""
 
     def _written(self) -> str:
         return plural(self.before + self.records, "record")

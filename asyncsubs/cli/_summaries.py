@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from ._display import refused
+from ._display import allowed_cell, learned_text, page_cell, refused
 from ._progress import Progress, plural
 from ._tables import print_table
 
@@ -14,10 +14,11 @@ __all__ = ["sync_summary", "webhook_summary"]
 def sync_summary(
     progress: Progress, elapsed: float, where: str, *, stream: IO[str], runs: int | None = None
 ) -> None:
-    rows = []
+    rows, learned = [], []
     for row in progress.rows.values():
-        stats, allowed = row.stats, row.allowed
-        achieved = f"{row.request_rate():.2f}" + (f" ({allowed.per_second:.2f})" if allowed else "")
+        stats = row.stats
+        if said := learned_text(stats):
+            learned.append(f"{row.store}/{row.resource}: {said}")
         rows.append(
             [
                 row.store,
@@ -27,7 +28,8 @@ def sync_summary(
                 f"{row.pages:,}",
                 "" if row.rows is None else f"{row.rows:,}",
                 f"{stats.requests:,}",
-                achieved if row.started is not None else "",
+                allowed_cell(row) if row.started is not None else "",
+                page_cell(row),
                 f"{stats.rate_limited:,}",
                 f"{stats.retries:,}",
                 f"{row.elapsed():.1f}s",
@@ -52,6 +54,7 @@ def sync_summary(
             "rows",
             "requests",
             "req/s (allowed)",
+            "page",
             "429s",
             "retries",
             "time",
@@ -60,8 +63,9 @@ def sync_summary(
         stream=stream,
         footer=[
             f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
-            "resource's pool; req/s: requests per second achieved, and the pool's configured "
-            "rate)"
+            "resource's pool; req/s: requests per second achieved, and the pool's rate: "
+            "configured, announced by the server, or learned; page: records per page)",
+            *(f"learned: {line}" for line in learned),
         ],
     )
 

@@ -49,6 +49,7 @@ from ._events import (
     Message,
     Observer,
     PageCommitted,
+    PoolLearned,
     Retrying,
     RunStarted,
     UnitDone,
@@ -57,6 +58,7 @@ from ._events import (
     UnitStarted,
     UnitStopped,
     WebhookCounts,
+    learned_changed,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import sink_for
@@ -92,6 +94,7 @@ __all__ = [
     "Observer",
     "PageCommitted",
     "PageWrite",
+    "PoolLearned",
     "REQUEUE_BELOW_ATTEMPTS",
     "RESOURCES",
     "Retrying",
@@ -112,6 +115,7 @@ __all__ = [
     "check_redis_url",
     "clamped_page_note",
     "describe_error",
+    "learned_changed",
     "load_config",
     "parse_rate",
     "run_round",

@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 import attrs
@@ -45,10 +45,10 @@ __all__ = [
     "parse_rate",
 ]
 
-#: Records per request unless configured. The heavy list pools allow a request or two per
-#: second, so records per request is what makes a pull fast: 250 is the fake server's largest
-#: page, and a server with a smaller maximum clamps pageSize (the interface names none).
-DEFAULT_PAGE_SIZE: Final = 250
+#: Records per request unless configured: the largest page the server serves, learned while
+#: pulling (the interface names no maximum). The heavy list pools allow a few requests a second,
+#: so records per request is what makes a pull fast.
+DEFAULT_PAGE_SIZE: Final = "max"
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
 _RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -89,8 +89,10 @@ class StoreConfig:
     token: str = attrs.field(repr=False)
     token_env: str = ""
     resources: tuple[str, ...] = RESOURCES
-    page_size: int = DEFAULT_PAGE_SIZE
-    limits: Limits = attrs.Factory(Limits)
+    #: Records per request: a fixed number, or ``"max"`` (learned; the default).
+    page_size: int | Literal["max"] = DEFAULT_PAGE_SIZE
+    #: Heavy pools not given a rate discover theirs (``Limits(discover=True)``).
+    limits: Limits = attrs.Factory(lambda: Limits(discover=True))
     retry: RetryPolicy = attrs.Factory(RetryPolicy)
     timeout: float = 30.0
     #: The interface version in the path.
@@ -434,11 +436,8 @@ def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
     limits = {
         k: v for t in tables for k, v in attrs.asdict(t, recurse=False).items() if v is not None
     }
-    # Heavy pools merge path by path, over the library's defaults.
-    limits["heavy"] = {
-        **Limits().heavy,
-        **{k: v for t in tables for k, v in (t.heavy or {}).items()},
-    }
+    # Heavy pools merge path by path; the default ones not given a rate discover theirs.
+    limits["heavy"] = {k: v for t in tables for k, v in (t.heavy or {}).items()}
     values["limits"] = limits
     return values
 
@@ -492,7 +491,7 @@ def _store(
     elif listen and secret_env is not None:
         secret = check("webhook_secret_env", lambda: _from_env(secret_env, env))
     try:
-        limits = Limits(**values["limits"])
+        limits = Limits(**values["limits"], discover=True)
     except ConfigError as exc:
         problems.append(f"{_key_path((*where, 'limits'))}: {str(exc).replace('Limits.', '')}")
     if len(problems) > before:

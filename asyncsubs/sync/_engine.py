@@ -27,14 +27,17 @@ from ..errors import AsyncSubsError, BadRequestError, ConfigError
 from ..limiting import Limiter, PoolStats
 from ._config import StoreConfig
 from ._events import (
+    Message,
     Observer,
     PageCommitted,
+    PoolLearned,
     Retrying,
     UnitDone,
     UnitFailed,
     UnitNote,
     UnitStarted,
     UnitStopped,
+    learned_changed,
 )
 from ._sink import DatabaseError, LeaseLostError, PageWrite, Sink, UnitState
 
@@ -59,10 +62,12 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def clamped_page_note(asked: int | None, page: Page[Any]) -> str | None:
-    """What to say when ``page`` is shorter than ``asked`` while more follow: the server cut
-    the page size (None otherwise)."""
-    if asked is None or not page.data or page.next_cursor is None or len(page.data) >= asked:
+def clamped_page_note(asked: int | str | None, page: Page[Any]) -> str | None:
+    """What to say when ``page`` is shorter than ``asked`` (a fixed size) while more follow: the
+    server cut the page size (None otherwise; a learned size is told by ``PoolLearned``)."""
+    if not isinstance(asked, int) or not page.data or page.next_cursor is None:
+        return None
+    if len(page.data) >= asked:
         return None
     return f"the server cut the page size to {len(page.data):,} records (asked for {asked:,})"
 
@@ -81,14 +86,23 @@ def stats_since(now: PoolStats, base: PoolStats) -> PoolStats:
 
 @attrs.define
 class _Running:
-    """A unit being pulled: its client, and its pool's counters when it started."""
+    """A unit being pulled: its client, its pool's counters when it started, and what the pool
+    knew of the server when last told."""
 
     client: AdminClient
     pool: str
     base: PoolStats
+    told: PoolStats | None = None
 
     def stats(self) -> PoolStats:
         return stats_since(self.client.stats.pools.get(self.pool, PoolStats()), self.base)
+
+    def learned(self, stats: PoolStats) -> bool:
+        """Whether ``stats`` tells something new of the server since last told."""
+        changed = learned_changed(self.told, stats)
+        if changed:
+            self.told = stats
+        return changed
 
 
 class SyncEngine:
@@ -137,8 +151,27 @@ class SyncEngine:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._exit.aclose()
 
-    def client(self, config: StoreConfig) -> AdminClient:
-        """The client of one store, telling the engine of its retries."""
+    async def open_client(self, config: StoreConfig) -> AdminClient:
+        """The client of one store, starting from what its pools learned in earlier syncs."""
+        return self.client(config, await self.sink.load_learned(config.store))
+
+    async def save_learned(self, client: AdminClient) -> None:
+        """Keep what the client's pools learned, for the next sync of its store."""
+        learned = client.export_learned()
+        if learned["pools"]:
+            await self.sink.save_learned(client.store, learned)
+
+    def client(self, config: StoreConfig, learned: Mapping[str, Any] | None = None) -> AdminClient:
+        """The client of one store, telling the engine of its retries, starting from what its
+        pools ``learned`` before (as ``Sink.load_learned`` has it)."""
+        if learned is not None:
+            try:
+                return self._client(config, learned)
+            except ConfigError as exc:  # another base URL now: another server's limits
+                self.observe(Message(f"store {config.store}: learned limits not used ({exc})"))
+        return self._client(config, None)
+
+    def _client(self, config: StoreConfig, learned: Mapping[str, Any] | None) -> AdminClient:
         return AdminClient(
             token=config.token,
             base_url=config.base_url,
@@ -151,6 +184,7 @@ class SyncEngine:
             limiter=None if config.redis is None else self.limiters[config.redis],
             version=config.version,
             on_retry=functools.partial(self._retried, config.store),
+            learned=learned,
         )
 
     def _retried(self, store: str, event: RetryEvent) -> None:
@@ -168,6 +202,7 @@ class SyncEngine:
         self._running[(store, resource)] = unit
         try:
             await self._pull(unit, config, resource)
+            await self.save_learned(client)
         except LeaseLostError:
             note = "lease lost to another worker (this one was too slow); stopped"
             self.observe(UnitNote(store, resource, note))
@@ -183,6 +218,8 @@ class SyncEngine:
             raise
         except AsyncSubsError as exc:
             log.debug("store %s, %s failed", store, resource, exc_info=True)
+            with contextlib.suppress(DatabaseError):
+                await self.save_learned(client)
             error = describe_error(exc)
             rows = await self._rows(config, resource)
             self.observe(UnitFailed(store, resource, error, unit.stats(), rows))
@@ -211,6 +248,7 @@ class SyncEngine:
             if not started:
                 records_before = state.run_records if resumed else 0
                 self.observe(UnitStarted(store, resource, resumed, records_before, allowed))
+                self._tell_learned(unit, store, resource)
                 started = True
             pages = 0
             call = getattr(unit.client, resource).list(
@@ -277,3 +315,9 @@ class SyncEngine:
     def _committed(self, write: PageWrite, unit: _Running) -> None:
         self.records += len(write.records)
         self.observe(PageCommitted(write.store, write.resource, len(write.records), unit.stats()))
+        self._tell_learned(unit, write.store, write.resource)
+
+    def _tell_learned(self, unit: _Running, store: str, resource: str) -> None:
+        stats = unit.stats()
+        if unit.learned(stats):
+            self.observe(PoolLearned(store, resource, stats))

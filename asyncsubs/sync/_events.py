@@ -28,6 +28,7 @@ __all__ = [
     "Message",
     "Observer",
     "PageCommitted",
+    "PoolLearned",
     "Retrying",
     "RunStarted",
     "UnitDone",
@@ -36,6 +37,7 @@ __all__ = [
     "UnitStarted",
     "UnitStopped",
     "WebhookCounts",
+    "learned_changed",
 ]
 
 
@@ -59,6 +61,28 @@ class PageCommitted:
     resource: str
     records: int
     stats: PoolStats
+
+
+@attrs.frozen
+class PoolLearned:
+    """What the unit's pool knows of the server changed: the rate it paces at (``stats.rate``,
+    set by ``stats.rate_by``: a probe, a 429, an announcement or an earlier run) or the largest
+    page the server serves (``stats.page_size``). Told once per change."""
+
+    store: str
+    resource: str
+    stats: PoolStats
+
+
+def learned_changed(before: PoolStats | None, now: PoolStats) -> bool:
+    """Whether ``now`` tells something new about the server's limits since ``before``: a
+    rate found (not a fixed one) or a page size."""
+    if now.rate_by == "configured" and now.page_size is None:
+        return False
+    if before is None:
+        return now.rate_by != "start" or now.page_size is not None
+    then = (before.rate, before.rate_by, before.page_size)
+    return then != (now.rate, now.rate_by, now.page_size)
 
 
 @attrs.frozen
@@ -144,6 +168,7 @@ class WebhookCounts:
 Event: TypeAlias = (
     UnitStarted
     | PageCommitted
+    | PoolLearned
     | Retrying
     | UnitNote
     | UnitDone

@@ -74,7 +74,7 @@ async def _in_this_process(engine: SyncEngine) -> int:
         failed += await engine.pull(client, config, resource) is not None
 
     async def store(config: StoreConfig) -> None:
-        async with slots, engine.client(config) as client:
+        async with slots, await engine.open_client(config) as client:
             await _all(unit(client, config, resource) for resource in config.resources)
 
     await _all(store(config) for config in engine.configs)
@@ -88,10 +88,12 @@ class _Clients:
         self.engine = engine
         self._clients: dict[str, tuple[AdminClient, int]] = {}
 
-    def acquire(self, config: StoreConfig) -> AdminClient:
-        client, users = self._clients.get(config.store, (None, 0))
-        if client is None:
-            client = self.engine.client(config)
+    async def acquire(self, config: StoreConfig) -> AdminClient:
+        if config.store not in self._clients:
+            learned = await self.engine.sink.load_learned(config.store)
+            if config.store not in self._clients:  # another unit of the store, meanwhile
+                self._clients[config.store] = (self.engine.client(config, learned), 0)
+        client, users = self._clients[config.store]
         self._clients[config.store] = (client, users + 1)
         return client
 
@@ -124,7 +126,7 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
         nonlocal failed
         store, resource = unit
         try:
-            client = clients.acquire(by_store[store])
+            client = await clients.acquire(by_store[store])
             try:
                 error = await engine.pull(client, by_store[store], resource)
             finally:

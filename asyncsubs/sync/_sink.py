@@ -24,6 +24,7 @@ from ..webhooks import DeadLetterStore, Inbox
 __all__ = [
     "DEFAULT_LEASE",
     "DELETED_TABLE",
+    "LEARNED_TABLE",
     "DatabaseError",
     "DeadLetters",
     "LeaseLostError",
@@ -64,6 +65,9 @@ RECORD_UPDATE: Final = _set_excluded("status, customer_id, created_at, updated_a
 #: What committing a page writes over the unit's state (its run's start is the sink's to keep).
 STATE_UPDATE: Final = _set_excluded(f"{STATE_COLUMNS}, run_finished_at, updated_at")
 DELETED_TABLE: Final = "asyncsubs_deleted"
+#: What each store's pools learned of the server (``AdminClient.export_learned()``), so that
+#: the next sync starts at the learned rates and page sizes.
+LEARNED_TABLE: Final = "asyncsubs_learned"
 #: Seconds a worker's lease on a unit lasts unless renewed: how long a killed worker's units
 #: wait before another worker takes them over.
 DEFAULT_LEASE: Final = 30.0
@@ -132,6 +136,11 @@ def schema(*, json: str, time: str, flag: str, count: str, big: str) -> list[str
             id TEXT NOT NULL,
             deleted_at {time} NOT NULL,
             PRIMARY KEY (store, resource, id)
+        )""",
+        f"""CREATE TABLE IF NOT EXISTS {LEARNED_TABLE} (
+            store TEXT NOT NULL PRIMARY KEY,
+            learned {json} NOT NULL,    -- AdminClient.export_learned() of the store's client
+            updated_at {time} NOT NULL
         )""",
     ]
 
@@ -328,6 +337,13 @@ class Sink(Protocol):
         """Delete one record and remember its id, so no later write brings it back."""
 
     async def count(self, store: str, resource: str) -> int: ...
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        """What the store's pools learned, as its last sync saved it (None: nothing saved)."""
+        ...
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        """Keep what the store's pools learned (``AdminClient.export_learned()``)."""
 
     async def status(self) -> list[UnitStatus]:
         """Every unit the database knows (``sync-status``); needs no ``open``, creates nothing."""

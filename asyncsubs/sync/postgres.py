@@ -40,6 +40,7 @@ from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
     DELETED_TABLE,
+    LEARNED_TABLE,
     RECORD_UPDATE,
     STATE_COLUMNS,
     STATE_TABLE,
@@ -328,6 +329,23 @@ class PostgresSink(SinkLifetime):
             cur = await conn.execute(f"SELECT count(*) FROM {resource} WHERE store = %s", (store,))
             row = await cur.fetchone()
             return int(row[0]) if row else 0
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                f"SELECT learned FROM {LEARNED_TABLE} WHERE store = %s", (store,)
+            )
+            row = await cur.fetchone()
+            return None if row is None else dict(row[0])
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(
+                f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (%s, %s, now())"
+                " ON CONFLICT (store) DO UPDATE SET learned = excluded.learned,"
+                " updated_at = excluded.updated_at",
+                (store, Jsonb(dict(learned))),
+            )
 
     # -- units and leases -------------------------------------------------------------------
 

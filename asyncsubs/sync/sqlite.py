@@ -2,10 +2,11 @@
 
 Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key ``(store,
 id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
-``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_deleted``, the ids
-deleted by webhooks. ``sync --listen`` adds ``webhook_inbox`` and ``webhook_dead_letters``,
-kept by ``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a
-delivery never waits for a page's transaction.
+``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_learned``, what each
+store's pools learned of the server; ``asyncsubs_deleted``, the ids deleted by webhooks.
+``sync --listen`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
+``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a delivery
+never waits for a page's transaction.
 
 All the sink's SQLite work runs on one dedicated thread holding its one connection: writes are
 serialized without locks, and the event loop never blocks on disk. One process writes a
@@ -35,6 +36,7 @@ from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
     DELETED_TABLE,
+    LEARNED_TABLE,
     RECORD_UPDATE,
     STATE_COLUMNS,
     STATE_TABLE,
@@ -286,6 +288,23 @@ class SQLiteSink(SinkLifetime):
 
     async def count(self, store: str, resource: str) -> int:
         return await self._run(self._count, store, resource)
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        row = await self._run(
+            lambda: self.conn.execute(
+                f"SELECT learned FROM {LEARNED_TABLE} WHERE store = ?", (store,)
+            ).fetchone()
+        )
+        return None if row is None else _load(row[0])
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        await self._run(
+            self.conn.execute,
+            f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (store) DO UPDATE SET learned = excluded.learned,"
+            " updated_at = excluded.updated_at",
+            (store, json_text(learned), _now()),
+        )
 
     def _count(self, store: str, resource: str) -> int:
         sql = f"SELECT count(*) FROM {resource} WHERE store = ?"

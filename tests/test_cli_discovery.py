@@ -1,0 +1,161 @@
+"""The command line's defaults find what the server allows, and remember it between runs.
+
+``pull`` keeps what its store's pools learned in a state file in the cache directory (here a
+directory of the test's own, see conftest), ``sync`` in its database; both start from it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from asyncsubs.__main__ import main
+from asyncsubs.cli._learned import FILE_FORMAT
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
+
+RECORDS = 250
+
+
+@pytest.fixture
+def server() -> Iterator[FakeAdminServer]:
+    # The server refuses pages above 100 records: a pull asking for more learns it from 400s.
+    store = FakeStoreConfig("acme", records=RECORDS, max_page_size=100, over_max="reject")
+    with serve_in_thread(stores=[store], rate_limits=None) as srv:
+        yield srv
+
+
+def state_file() -> Path:
+    return Path(os.environ["ASYNCSUBS_CACHE_DIR"]) / "learned.json"
+
+
+def pull(server: FakeAdminServer, path: Path, *extra: str) -> int:
+    token = server.store("acme").token
+    return main(
+        ["pull", "orders", "--base-url", server.base_url, "--token", token, "-o", str(path), *extra]
+    )
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def sizes(server: FakeAdminServer) -> list[tuple[str | None, int]]:
+    return [(r.query.get("pageSize"), r.status) for r in server.requests]
+
+
+def test_a_second_pull_starts_from_the_page_size_the_first_learned(
+    server: FakeAdminServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.clear_requests()
+    assert pull(server, tmp_path / "a.jsonl", "--rate", "1000/s", "--progress", "plain") == 0
+    first = sizes(server)
+    # Down the ladder from 1,000 to a size accepted, one past it refused: 100 is the maximum.
+    assert first[:5] == [("1000", 400), ("500", 400), ("250", 400), ("100", 200), ("101", 400)]
+    assert len(lines(tmp_path / "a.jsonl")) == RECORDS
+    err = capsys.readouterr().err
+    assert err.count("acme.") == 0  # the store is a fingerprint: no name was given
+    assert sum("100 records/page" in line for line in err.splitlines()) == 2  # learned; summary
+    saved = orjson.loads(state_file().read_bytes())
+    assert saved["format"] == FILE_FORMAT
+    (entry,) = saved["stores"]
+    assert (entry["pools"]["orders"]["page_size"], entry["pools"]["orders"]["page_by"]) == (
+        100,
+        "400",
+    )
+
+    server.clear_requests()
+    assert pull(server, tmp_path / "b.jsonl", "--rate", "1000/s", "-q") == 0
+    assert sizes(server) == [("100", 200)] * 3  # from its first request, no 400
+    assert lines(tmp_path / "b.jsonl") == lines(tmp_path / "a.jsonl")
+
+
+def test_a_pull_starts_at_a_remembered_rate_and_says_where_it_came_from(
+    server: FakeAdminServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What an earlier pull of this store learned: 40/s, refused at 45/s, held for a while.
+    assert pull(server, tmp_path / "warm.jsonl", "--rate", "1000/s", "-q") == 0
+    saved = orjson.loads(state_file().read_bytes())
+    pools = saved["stores"][0]["pools"]
+    pools["orders"].update(
+        rate=40.0, rate_by="429", good=40.0, refused=45.0, strikes=1, hold_until=time.time() + 600
+    )
+    state_file().write_bytes(orjson.dumps(saved))
+    capsys.readouterr()
+
+    assert pull(server, tmp_path / "a.jsonl", "--log-format", "json") == 0
+    events = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
+    learned = [e for e in events if e["event"] == "learned"]
+    assert learned[0]["rate"] == 40.0
+    assert learned[0]["rate_by"] == "remembered"
+    assert learned[0]["page_size"] == 100
+    assert (
+        learned[0]["message"] == "40.00 req/s learned before (refused at 45.00), 100 records/page"
+    )
+    assert len(learned) == 1  # nothing changed during the pull: told once
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b'{"format": "another/9", "stores": []}', b"[]"])
+def test_a_damaged_or_foreign_state_file_is_ignored_with_one_warning(
+    server: FakeAdminServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: bytes
+) -> None:
+    state_file().parent.mkdir(parents=True, exist_ok=True)
+    state_file().write_bytes(damage)
+    assert pull(server, tmp_path / "a.jsonl", "--rate", "1000/s", "--progress", "plain") == 0
+    assert len(lines(tmp_path / "a.jsonl")) == RECORDS
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "ignoring" in line]
+    assert len(warnings) == 1
+    assert str(state_file()) in warnings[0]
+    saved = orjson.loads(state_file().read_bytes())  # rewritten, with this pull's entry
+    assert saved["format"] == FILE_FORMAT
+    assert saved["stores"][0]["pools"]["orders"]["page_size"] == 100
+
+
+def test_an_unwritable_cache_costs_only_the_memory(
+    server: FakeAdminServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv("ASYNCSUBS_CACHE_DIR", str(blocker / "cache"))
+    assert pull(server, tmp_path / "a.jsonl", "--rate", "1000/s", "--progress", "plain") == 0
+    err = capsys.readouterr().err
+    assert "cannot keep what the pull learned" in err
+    assert len(lines(tmp_path / "a.jsonl")) == RECORDS
+
+
+def test_sync_keeps_what_it_learned_in_its_database(
+    server: FakeAdminServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n'
+        '[defaults.limits]\nheavy = { orders = "1000/s" }\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", server.store("acme").token)
+    db = tmp_path / "s.db"
+    server.clear_requests()
+    assert main(["sync", "--config", str(config), "--db", str(db), "--progress", "plain"]) == 0
+    assert ("100", 200) in sizes(server)
+    assert sum(status == 400 for _, status in sizes(server)) == 4
+    summary = capsys.readouterr().out
+    assert "learned: acme/orders: 100 records/page" in summary
+    with sqlite3.connect(db) as conn:
+        ((stored,),) = conn.execute("SELECT learned FROM asyncsubs_learned WHERE store = 'acme'")
+    assert orjson.loads(stored)["pools"]["orders"]["page_size"] == 100
+
+    server.clear_requests()
+    assert main(["sync", "--config", str(config), "--db", str(db), "-q"]) == 0
+    assert sizes(server) == [("100", 200)] * 3  # the next sync of the store: no 400 at all
