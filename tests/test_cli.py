@@ -26,10 +26,10 @@ import pytest
 
 from asyncsubs import AdminClient, Rate
 from asyncsubs.__main__ import main
+from asyncsubs.cli._checkpoint import PullCheckpoint
 from asyncsubs.cli._display import LIVE_HEADERS, live_row, progress_line
 from asyncsubs.cli._fake_server import env_name
 from asyncsubs.cli._progress import Progress
-from asyncsubs.cli._pull import PullCheckpoint
 from asyncsubs.limiting import PoolStats
 from asyncsubs.sync import Retrying, UnitStarted, load_config
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread

@@ -24,7 +24,7 @@ from test_sync import wait_for_progress
 
 from asyncsubs import AdminClient, Rate
 from asyncsubs.__main__ import main
-from asyncsubs.cli._pull import PullCheckpoint
+from asyncsubs.cli._checkpoint import PullCheckpoint
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 COMMAND = (sys.executable, "-m", "asyncsubs")

@@ -70,3 +70,11 @@ def test_one_module_picks_the_sink() -> None:
         and any(name.startswith(sinks) for name in imports(path))
     }
     assert pickers == {"sync/_open.py"}
+
+
+def test_the_command_line_stays_small() -> None:
+    """The command line drives the library and must not outgrow it: small modules, one concept
+    each, and the whole well under the library's core."""
+    lengths = {path.name: len(path.read_text().splitlines()) for path in modules("cli")}
+    assert {name: n for name, n in lengths.items() if n > 450} == {}
+    assert sum(lengths.values()) <= 3_600

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -29,7 +29,7 @@ from ..sync import (
     WebhookCounts,
 )
 
-__all__ = ["Progress", "UnitRow", "plural"]
+__all__ = ["Progress", "UnitRow", "allowed_cell", "learned_text", "page_cell", "plural"]
 
 State = Literal["waiting", "running", "done", "failed", "interrupted"]
 
@@ -82,6 +82,48 @@ class UnitRow:
         overstate the pace early on)."""
         elapsed = self.elapsed(now)
         return max(self.stats.requests - 1, 0) / elapsed if elapsed > 0 else 0.0
+
+
+#: How a pool's rate came to be, as the displays say it (a configured one needs no word).
+_RATE_BY: Final = {
+    "start": "to start",
+    "probe": "learned",
+    "429": "learned",
+    "remembered": "learned before",
+    "server": "announced",
+}
+
+
+def learned_text(stats: PoolStats) -> str:
+    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``;
+    empty for a pool with a fixed rate and no page size learned."""
+    parts = []
+    how = _RATE_BY.get(stats.rate_by)
+    if how is not None and stats.rate:
+        parts.append(f"{stats.rate:.2f} req/s {how}")
+        if stats.ceiling_found and stats.rate_by != "server":
+            parts[-1] += f" (refused at {stats.ceiling_found:.2f})"
+    if stats.page_size:
+        parts.append(f"{stats.page_size:,} records/page")
+    return ", ".join(parts)
+
+
+def allowed_cell(row: UnitRow, now: float | None = None) -> str:
+    """Requests per second achieved, and the pool's rate in force: configured, announced or
+    learned (``1.96 (2.00 learned)``)."""
+    achieved = f"{row.request_rate(now):.2f}"
+    stats, allowed = row.stats, row.allowed
+    if stats.rate and stats.rate_by != "configured":
+        how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
+        return f"{achieved} ({stats.rate:.2f} {how})"
+    return f"{achieved} ({allowed.per_second:.2f})" if allowed else achieved
+
+
+def page_cell(row: UnitRow) -> str:
+    """Records per page: as learned, else as many as the pages held on average."""
+    if row.stats.page_size:
+        return f"{row.stats.page_size:,}"
+    return f"{row.records // row.pages:,}" if row.pages else ""
 
 
 Watcher = Callable[[Event, UnitRow | None], object]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import IO
 
-from ._display import allowed_cell, learned_text, page_cell, refused
-from ._progress import Progress, plural
+from ._display import refused
+from ._progress import Progress, allowed_cell, learned_text, page_cell, plural
 from ._tables import print_table
 
 __all__ = ["sync_summary", "webhook_summary"]
