@@ -437,3 +437,28 @@ async def test_in_flight_is_one_sum_for_a_store_bound_in_several_loops(otel: Ote
     interval = here.stats().pools["global"].interval
     assert observed == {"in flight": [2], "interval": [interval], "margin": [pytest.approx(0.1)]}
     assert [p.value for p in points if p.attributes == store_and_pool] == [2]
+
+
+async def test_what_a_pool_learned_is_gauged(otel: Otel) -> None:
+    """The rate each pool paces at and the page size a ``page_size="max"`` pull learned."""
+    async with (
+        FakeAdminServer(stores=["acme"], rate_limits=None, records=300, max_page_size=120) as fake,
+        AdminClient(
+            token=fake.store("acme").token,
+            base_url=fake.base_url,
+            store="acme",
+            limits=Limits(discover=True),
+            limiter=Limiter(),
+            **otel.providers(),
+        ) as client,
+    ):
+        async for _ in client.orders.list(page_size="max", prefetch=0).pages():
+            pass  # three pages: two of 120 records (clamped), one of 60
+        paced = client.stats.pools["orders"].rate
+        points = otel.metrics()
+    (page,) = by_attributes(points["asyncsubs.page_size"], asyncsubs__pool="orders")
+    assert page.value == 120  # clamped twice: the server's largest page
+    (rate,) = by_attributes(points["asyncsubs.limiter.rate"], asyncsubs__pool="orders")
+    assert rate.value == paced >= 1.0  # from where a discovering pool starts
+    (light,) = by_attributes(points["asyncsubs.limiter.rate"], asyncsubs__pool="global")
+    assert light.value == 50.0
