@@ -249,30 +249,37 @@ class _Instruments:
             unit="{request}",
             description="Requests started by the limiter and not yet answered.",
         )
-        meter.create_observable_gauge(
-            "asyncsubs.limiter.interval",
-            callbacks=[self._intervals],
-            unit="s",
-            description="Seconds between two request starts the pool paces at now.",
+        # Each pool's pace, from its limiters' statistics.
+        gauges = (
+            (
+                "asyncsubs.limiter.interval",
+                self._intervals,
+                "s",
+                "Seconds between two request starts the pool paces at now.",
+            ),
+            (
+                "asyncsubs.limiter.margin",
+                self._margins,
+                "1",
+                "The fraction by which the pool's pacing stays below its rate now.",
+            ),
+            (
+                "asyncsubs.limiter.rate",
+                self._rates,
+                "{request}/s",
+                "Requests per second the pool paces at (configured, announced or learned).",
+            ),
+            (
+                "asyncsubs.page_size",
+                self._page_sizes,
+                "{record}",
+                "The largest page the server serves, as a page_size='max' pull learned.",
+            ),
         )
-        meter.create_observable_gauge(
-            "asyncsubs.limiter.margin",
-            callbacks=[self._margins],
-            unit="1",
-            description="The fraction by which the pool's pacing stays below its rate now.",
-        )
-        meter.create_observable_gauge(
-            "asyncsubs.limiter.rate",
-            callbacks=[self._rates],
-            unit="{request}/s",
-            description="Requests per second the pool paces at (configured, announced or learned).",
-        )
-        meter.create_observable_gauge(
-            "asyncsubs.page_size",
-            callbacks=[self._page_sizes],
-            unit="{record}",
-            description="The largest page the server serves, as a page_size='max' pull learned.",
-        )
+        for name, callback, unit, description in gauges:
+            meter.create_observable_gauge(
+                name, callbacks=[callback], unit=unit, description=description
+            )
         # Observed in the SDK's export thread while event loops (maybe several) add limiters.
         self._lock = threading.Lock()
         self._limiters: weakref.WeakSet[StoreLimiter] = weakref.WeakSet()
