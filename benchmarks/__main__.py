@@ -29,6 +29,7 @@ BENCHMARKS = {
     "stores": "stores",
     "pacer": "pacer",
     "redis": "redis_shared",
+    "dlt": "dlt_source",
 }
 
 
