@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Final, cast
 
 import dlt
-from dlt.common.typing import TSecretStrValue
+from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
 from dlt.extract.incremental import Incremental
 
@@ -234,7 +234,9 @@ def _incremental_by_resource(
 
 @dlt.source(name="subscription_service")
 def subscription_service(
-    stores: Any | None = None,
+    # A secret as a whole: tables from .dlt/secrets.toml hold tokens, and dlt's trace shows the
+    # value of every resolved argument that is not one.
+    stores: TSecretValue | None = None,
     base_url: str | None = None,
     token: TSecretStrValue | None = None,
     store: str | None = None,
