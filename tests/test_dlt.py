@@ -19,9 +19,11 @@ from typing import Any
 import dlt
 import duckdb
 import pytest
+import redis.asyncio as aioredis
 from dlt.pipeline.exceptions import PipelineStepFailed
+from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by its name=
 
-from asyncsubs import AuthenticationError, Limits, Rate
+from asyncsubs import AuthenticationError, ConfigError, Limits, Rate
 from asyncsubs.dlt import DeleteLog, Store, subscription_service
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
 from asyncsubs.webhooks import WebhookConfig, WebhookReceiver
@@ -103,13 +105,20 @@ def list_requests(server: FakeAdminServer) -> list[Any]:
 async def test_three_stores_three_resources_load_exactly(
     server: FakeAdminServer, pipeline: dlt.Pipeline
 ) -> None:
-    await run(pipeline, subscription_service(stores=stores_of(server)))
+    await run(pipeline, subscription_service(stores=stores_of(server), max_stores=2))
 
     for resource in RESOURCES:
         got, want = loaded(pipeline, resource), served(server, resource)
         assert set(got) == set(want)  # row counts and distinct (store, id) both equal
     # Whole pages, three per (store, resource): 120 records at 50 a page.
-    assert len(list_requests(server)) == 3 * 3 * 3
+    requests = list_requests(server)
+    assert len(requests) == 3 * 3 * 3
+    # At most two stores pulling at once (max_stores), each with all of its resources: the
+    # third store's first request comes after the last of one of the first two.
+    first = {name: min(i for i, r in enumerate(requests) if r.store == name) for name in STORES}
+    last = {name: max(i for i, r in enumerate(requests) if r.store == name) for name in STORES}
+    third = max(STORES, key=first.__getitem__)
+    assert any(last[name] < first[third] for name in STORES if name != third)
     # Nested arrays are child tables, as dlt makes them.
     lines = query(pipeline, "SELECT count(*) FROM subs.orders__line_items")[0][0]
     assert lines == sum(len(o["lineItems"]) for s in STORES for o in server.records(s, "orders"))
@@ -255,10 +264,12 @@ async def test_budgets_hold_against_a_server_enforcing_them(pipeline: dlt.Pipeli
             assert all(stats.pool(r).accepted == 4 for r in RESOURCES)
 
 
-async def test_discovery_is_the_default_and_learned_values_carry_over(
+async def test_learned_values_carry_over_to_the_next_run(
     server: FakeAdminServer, pipeline: dlt.Pipeline
 ) -> None:
-    stores = stores_of(server, limits=None, page_size="max")[:1]
+    # The default discovery (Store(limits=None)) starts at 1/s; a faster start keeps this short.
+    limits = Limits(heavy={"orders": Rate.discover(start=20)})
+    stores = stores_of(server, limits=limits, page_size="max")[:1]
     await run(pipeline, subscription_service(stores=stores, resources=["orders"]))
     learned = pipeline.state["sources"]["subscription_service"]["learned"]["s0"]
     assert learned["pools"]["orders"]["page_size"] == 50  # the server's maximum, found
@@ -276,8 +287,8 @@ async def test_deletes_from_webhooks_become_hard_deletes(
     server: FakeAdminServer, pipeline: dlt.Pipeline, tmp_path: Path
 ) -> None:
     log = DeleteLog(tmp_path / "deletes.db")
-    source = subscription_service(stores=stores_of(server), deletes=str(log.path))
-    await run(pipeline, source)
+    options: dict[str, Any] = {"resources": ["subscriptions"], "deletes": str(log.path)}
+    await run(pipeline, subscription_service(stores=stores_of(server), **options))
     receiver = WebhookReceiver(WebhookConfig("whsec"), log.handler("s0"), store="s0")
     url = await receiver.listen("127.0.0.1", 0)
     try:
@@ -290,7 +301,7 @@ async def test_deletes_from_webhooks_become_hard_deletes(
     deleted = {("s0", str(m.record_id)) for m in mutator.history if m.kind.endswith("delete")}
     assert deleted
 
-    await run(pipeline, subscription_service(stores=stores_of(server), deletes=str(log.path)))
+    await run(pipeline, subscription_service(stores=stores_of(server), **options))
 
     got = loaded(pipeline, "subscriptions")
     assert not deleted & set(got)
@@ -326,6 +337,9 @@ async def test_config_from_dlt_config_and_secrets(
     source = subscription_service(resources=["customers"])
     await run(pipeline, source)
     assert set(loaded(pipeline, "customers")) == set(served(server, "customers", ("t1",)))
+    # Rates and page size not given: the pool discovers its rate (here still at its start).
+    pools = pipeline.state["sources"]["subscription_service"]["learned"]["t1"]["pools"]
+    assert pools["customers"]["rate"] == 1.0
 
 
 async def test_many_stores_from_a_secrets_table(
@@ -366,3 +380,59 @@ async def test_config_from_a_stores_file(
     state = pipeline.state["sources"]["subscription_service"]
     assert "updatedAt" in state["resources"]["orders"]["incremental"]
     assert state["learned"]["s2"]["pools"]["orders"]["rate"] is None  # pinned: not discovered
+
+
+async def test_other_list_paths_are_resources_too(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    for n, name in enumerate(STORES):
+        data = f'[{{"id":{n},"amount":"1.00"}}]'
+        body = f'{{"success":true,"data":{data},"pageInfo":{{"hasNextPage":false}}}}'
+        server.enqueue(200, body, path="charges", store=name)
+    source = subscription_service(stores=stores_of(server), resources=[], list_paths=["charges"])
+    await run(pipeline, source)
+
+    rows = query(pipeline, "SELECT store, id, amount FROM subs.charges ORDER BY store")
+    assert rows == [(name, str(n), "1.00") for n, name in enumerate(STORES)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "exactly one of"),
+        ({"base_url": "https://x.example", "stores_file": "stores.toml"}, "exactly one of"),
+        ({"base_url": "https://x.example"}, "token is required"),
+        ({"stores": [], "resources": ["refunds"]}, "stores is empty"),
+        ({"resources": ["refunds"]}, "unknown resources"),
+        ({"write_disposition": "replace", "incremental": INCREMENTAL}, "replace"),
+        ({"write_disposition": "append"}, "write_disposition"),
+        ({"lag": -1}, "lag"),
+        ({"max_stores": 0}, "max_stores"),
+    ],
+)
+def test_bad_configuration_is_refused_before_any_request(
+    server: FakeAdminServer, arguments: dict[str, Any], message: str
+) -> None:
+    if not {"stores", "base_url", "stores_file"} & set(arguments) and arguments:
+        arguments = {"stores": stores_of(server), **arguments}
+    with pytest.raises(ConfigError, match=message):
+        subscription_service(**arguments)
+    assert not server.requests
+
+
+@pytest.mark.redis
+async def test_a_redis_url_paces_every_store_through_redis(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, redis_server: RedisServer
+) -> None:
+    source = subscription_service(
+        stores=stores_of(server), resources=["orders"], redis_url=redis_server.url
+    )
+    await run(pipeline, source)
+
+    assert set(loaded(pipeline, "orders")) == set(served(server, "orders"))
+    redis = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for name in STORES:  # each store's pool was paced in Redis (its keys outlive it 10 s)
+            assert await redis.exists(f"asyncsubs:{{{name}}}:gcra:orders")
+    finally:
+        await redis.aclose()

@@ -8,12 +8,11 @@ their ``store``.
 """
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any, Final, cast
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final
 
 import dlt
 from dlt.common.typing import TSecretStrValue, TSecretValue
@@ -24,7 +23,7 @@ from .. import ListCall, Page
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import STORE_COLUMN, rows
-from ._session import StoreClients
+from ._session import DEFAULT_MAX_STORES, StoreClients, StoreSlots
 from ._stores import RESOURCES, IncrementalFilter, Store, _filters, stores_from_settings
 
 __all__ = ["DEFAULT_LAG", "subscription_service"]
@@ -64,42 +63,49 @@ def _checked(store: str, path: str, records: list[Any]) -> list[Any]:
     return records
 
 
-async def _merged_pages(calls: Mapping[str, ListCall[Any]]) -> AsyncIterator[tuple[str, Page[Any]]]:
-    """The pages of every store's pull as they arrive. A store's failure ends the whole pull
-    with that store's error (its message naming the store), after cancelling the others: dlt
-    fails the run, and nothing of it is committed."""
-    queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = asyncio.Queue(
-        maxsize=max(1, len(calls))
-    )
+class _Pulls:
+    """Every store's pull of one list endpoint, a task each, pages handed over as they arrive.
 
-    async def pull(store: str, call: ListCall[Any]) -> None:
+    Plain methods rather than an async generator: when dlt stops an extract it closes every
+    async generator of its loop at once (``shutdown_asyncgens``), the ones in use by others
+    included, and the resource's own generator is the one that must do the cleaning up."""
+
+    def __init__(self, calls: Mapping[str, ListCall[Any]], slots: StoreSlots) -> None:
+        self._queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = (
+            asyncio.Queue(maxsize=max(1, len(calls)))
+        )
+        self._slots = slots
+        self._tasks = [asyncio.create_task(self._pull(s, c)) for s, c in calls.items()]
+        self._running = len(self._tasks)
+
+    async def _pull(self, store: str, call: ListCall[Any]) -> None:
         try:
-            pages = cast(AsyncGenerator[Page[Any], None], call.pages())
-            async with contextlib.aclosing(pages):
-                async for page in pages:
-                    await queue.put((store, page, None))
+            async with self._slots.hold(store):
+                async for page in call.pages():
+                    await self._queue.put((store, page, None))
         except Exception as exc:
-            await queue.put((store, None, exc))
+            await self._queue.put((store, None, exc))
         else:
-            await queue.put((store, None, None))
+            await self._queue.put((store, None, None))
 
-    tasks = [asyncio.create_task(pull(store, call)) for store, call in calls.items()]
-    try:
-        running = len(tasks)
-        while running:
-            store, page, error = await queue.get()
+    async def next(self) -> tuple[str, Page[Any]] | None:
+        """The next page of any store, None when every store is done. A store's failure is
+        raised, its message naming the store: dlt fails the run, and nothing is committed."""
+        while self._running:
+            store, page, error = await self._queue.get()
             if error is not None:
                 if isinstance(error, AsyncSubsError):
                     error.args = (f"store {store}: {error}", *error.args[1:])
                 raise error
-            if page is None:
-                running -= 1
-                continue
-            yield store, page
-    finally:
-        for task in tasks:
+            if page is not None:
+                return store, page
+            self._running -= 1
+        return None
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _param(value: Any) -> Any:
@@ -121,7 +127,17 @@ def _resource(
 ) -> DltResource:
     """The resource of one list endpoint: every store that serves it, pulled at once."""
 
-    async def pull(updated: Incremental[Any] | None) -> AsyncIterator[list[dict[str, Any]]]:
+    # One generator function for both kinds: dlt binds an incremental given as the default of
+    # an argument annotated with it, and passes None where the default is None.
+    default: Incremental[Any] | None = (
+        None
+        if incremental is None
+        else dlt.sources.incremental(incremental.field, lag=lag, on_cursor_value_missing="include")
+    )
+
+    async def pull(
+        updated: Incremental[Any] | None = default,
+    ) -> AsyncIterator[list[dict[str, Any]]]:
         # Runs on dlt's extract loop: the state is read with the resource's name, as dlt asks of
         # async resources.
         state = dlt.current.resource_state(name)
@@ -145,25 +161,30 @@ def _resource(
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
         pulled: set[str] = set()
-        async with clients.open(learned) as by_store:
+        async with clients.open(learned) as session:
             calls = {}
             for store in stores:
                 params = {}
                 if incremental is not None and start is not None and store.name in known:
                     params[incremental.param] = start
                 calls[store.name] = (
-                    by_store[store.name]
+                    session.clients[store.name]
                     .list_endpoint(path)
                     .list(page_size=store.page_size, params=params or None)
                 )
-            async for store_name, page in _merged_pages(calls):
-                records = _checked(store_name, path, page.data)
-                if drop:
-                    records = [r for r in records if (store_name, str(r["id"])) not in drop]
-                if records:
-                    yield rows(store_name, records)
-                if page.next_cursor is None:
-                    pulled.add(store_name)
+            pulls = _Pulls(calls, session.slots)
+            try:
+                while (item := await pulls.next()) is not None:
+                    store_name, page = item
+                    records = _checked(store_name, path, page.data)
+                    if drop:
+                        records = [r for r in records if (store_name, str(r["id"])) not in drop]
+                    if records:
+                        yield rows(store_name, records)
+                    if page.next_cursor is None:
+                        pulled.add(store_name)
+            finally:
+                await pulls.aclose()
         # Written only now, and committed by dlt only with the load: a failed run changes none.
         if updated is not None:
             state["stores"] = sorted(known | pulled)
@@ -187,23 +208,7 @@ def _resource(
         "write_disposition": write_disposition,
         "columns": _columns(deletes is not None),
     }
-    if incremental is None:
-
-        async def full() -> AsyncIterator[list[dict[str, Any]]]:
-            async for page in pull(None):
-                yield page
-
-        return dlt.resource(full, **hints)
-
-    async def changed(
-        updated: Incremental[Any] = dlt.sources.incremental(  # noqa: B008 - dlt's idiom
-            incremental.field, lag=lag, on_cursor_value_missing="include"
-        ),
-    ) -> AsyncIterator[list[dict[str, Any]]]:
-        async for page in pull(updated):
-            yield page
-
-    return dlt.resource(changed, **hints)
+    return dlt.resource(pull, **hints)
 
 
 def _resource_name(path: str) -> str:
@@ -248,6 +253,7 @@ def subscription_service(
     redis_url: TSecretStrValue | None = None,
     deletes: str | None = None,
     write_disposition: str = "merge",
+    max_stores: int = DEFAULT_MAX_STORES,
 ) -> list[DltResource]:
     """Subscriptions, customers and orders (and any other list endpoint) of one store or many.
 
@@ -267,6 +273,7 @@ def subscription_service(
         deletes: a ``DeleteLog`` file: its deletes become dlt hard deletes.
         write_disposition: ``"merge"`` on (``store``, ``id``), or ``"replace"`` (every run
             reloads the tables whole; deleted records go with the old rows).
+        max_stores: stores pulling at once (each holds an HTTP session and its connections).
     """
     found = stores_from_settings(
         stores=stores, base_url=base_url, token=token, store=store, stores_file=stores_file
@@ -293,7 +300,10 @@ def subscription_service(
     log_ = None if deletes is None else DeleteLog(deletes)
     if log_ is not None and write_disposition != "merge":
         raise ConfigError("deletes are applied by merging: write_disposition must be 'merge'")
-    clients = StoreClients(found, wanted, None if redis_url is None else str(redis_url))
+    if isinstance(max_stores, bool) or not isinstance(max_stores, int) or max_stores < 1:
+        raise ConfigError(f"max_stores must be a whole number >= 1, got {max_stores!r}")
+    redis = None if redis_url is None else str(redis_url)
+    clients = StoreClients(found, wanted, redis, max_stores)
     # Settings each client will be made with, checked now (no I/O): a bad URL or token fails
     # here rather than inside the extract.
     for s in found:
