@@ -308,6 +308,22 @@ async def test_deletes_from_webhooks_become_hard_deletes(
     assert set(got) == set(served(server, "subscriptions"))
 
 
+async def test_replace_runs_drop_what_the_server_deleted(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    await run(pipeline, subscription_service(stores=stores_of(server), resources=["subscriptions"]))
+    mutator = server.mutator("s1", weights={"subscription_delete": 5.0})
+    await mutator.run(steps=10)
+    assert any(m.kind.endswith("delete") for m in mutator.history)
+
+    source = subscription_service(
+        stores=stores_of(server), resources=["subscriptions"], write_disposition="replace"
+    )
+    await run(pipeline, source)
+
+    assert set(loaded(pipeline, "subscriptions")) == set(served(server, "subscriptions"))
+
+
 async def test_integers_beyond_64_bits_load_exactly(
     server: FakeAdminServer, pipeline: dlt.Pipeline
 ) -> None:
