@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="asyncsubs-dlt-demo-") as tmp:
         database = Path(args.duckdb) if args.duckdb else Path(tmp) / "demo.duckdb"
-        with run_in_process(make_records=True, stores=configs, max_page_size=500) as server:
+        with run_in_process(make_records=True, stores=configs, max_page_size=100) as server:
             stores = [
                 Store(name=name, base_url=server.base_url, token=server.tokens[name])
                 for name in names
@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pipeline.run(subscription_service(stores=stores))
             elapsed = time.monotonic() - started
             rejected = sum(server.stats(name).rejected for name in names)
+            learned = pipeline.state["sources"]["subscription_service"]["learned"]
         with duckdb.connect(str(database), read_only=True) as conn:
             tables = [
                 row[0]
@@ -101,8 +102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = sum(counts[r] for r in RESOURCES if r in counts)
         out.write(
             f"\n{total:,} records ({args.records:,} per resource and store), {rejected} x 429 "
-            "from the server; heavy pools' rates and page sizes discovered by the client\n"
+            "from the server: the clients were told neither the heavy pools' rates nor the "
+            "page size, and probed for them\n"
         )
+        out.write("learned, kept in the source's state for the next run (the server's rate):\n")
+        for i, name in enumerate(names):
+            pools = learned[name]["pools"]
+            found = ", ".join(
+                f"{r} {pools[r]['rate'] or 0:.1f}/s ({_HEAVY[i % len(_HEAVY)][r].per_second:g}), "
+                f"{pools[r]['page_size'] or '-'} a page"
+                for r in RESOURCES
+            )
+            out.write(f"  {name}: {found}\n")
         where = database if args.duckdb else "a temporary file, now deleted"
         out.write(f"database: {where}\n")
     return 0
