@@ -24,7 +24,7 @@ from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import STORE_COLUMN, rows
 from ._session import DEFAULT_MAX_STORES, StoreClients, StoreSlots
-from ._stores import RESOURCES, IncrementalFilter, Store, _filters, stores_from_settings
+from ._stores import RESOURCES, IncrementalFilter, Store, incremental_filters, stores_from_settings
 
 __all__ = ["DEFAULT_LAG", "subscription_service"]
 
@@ -291,7 +291,8 @@ def subscription_service(
         )
     if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
         raise ConfigError(f"lag must be a number of seconds >= 0, got {lag!r}")
-    filters = _incremental_by_resource(wanted, found, _filters(incremental, "incremental"))
+    given = incremental_filters(incremental, "incremental")
+    filters = _incremental_by_resource(wanted, found, given)
     if filters and write_disposition == "replace":
         raise ConfigError(
             "write_disposition='replace' with incremental: each run would replace the tables "

@@ -19,6 +19,7 @@ __all__ = [
     "IncrementalFilter",
     "Store",
     "client_settings",
+    "incremental_filters",
     "stores_from_file",
     "stores_from_settings",
 ]
@@ -116,7 +117,9 @@ def client_settings(store: Store, list_paths: Sequence[str]) -> dict[str, Any]:
     return settings
 
 
-def _filters(value: object, where: str) -> dict[str, IncrementalFilter]:
+def incremental_filters(value: object, where: str) -> dict[str, IncrementalFilter]:
+    """``{resource: IncrementalFilter}`` from filters or ``{param, field}`` tables (``where``
+    names the setting in messages)."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -151,7 +154,8 @@ def _store_from_table(name: str, table: object) -> Store:
         if not table.get(key):
             raise ConfigError(f"{where}.{key} is required")
     kwargs = {key: table[key] for key in _STORE_KEYS if key in table}
-    return Store(name=name, incremental=_filters(table.get("incremental"), where), **kwargs)
+    filters = incremental_filters(table.get("incremental"), where)
+    return Store(name=name, incremental=filters, **kwargs)
 
 
 def stores_from_settings(
