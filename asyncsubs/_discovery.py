@@ -253,9 +253,10 @@ class RateSearch:
             "hold": max(0.0, self.hold_until - now),
         }
 
-    def restore(self, learned: Learned, now: float) -> None:
-        """Start from what was learned before (``learned.rate`` is set); an expired record is
-        probed again from its rate."""
+    def restore(self, learned: Learned, now: float, *, by: str | None = None) -> None:
+        """Start from what was learned before (``learned.rate`` is set; a probe not run clean
+        yet from the rate before it), said to be set ``by`` that (default: what set it there);
+        an expired record is probed again from its rate."""
         if learned.rate is None:
             return
         same = (learned.rate, learned.good, learned.refused, learned.strikes, learned.rate_by)
@@ -268,8 +269,12 @@ class RateSearch:
         self.strikes = 0 if expired else learned.strikes
         self.hold_until = now + (0.0 if expired else learned.hold)
         self.announced = False
-        rate = min(self.ceiling, max(self.lowest, learned.rate))
-        self._set(now, rate, learned.rate_by if learned.rate_by != "start" else "start")
+        # A probe the server has not answered yet is no evidence: start where it ran clean.
+        rate = learned.rate
+        if learned.rate_by == "probe" and learned.good is not None and not expired:
+            rate = learned.good
+        rate = min(self.ceiling, max(self.lowest, rate))
+        self._set(now, rate, by or learned.rate_by)
 
 
 class PageSizeSearch:
@@ -364,7 +369,8 @@ class PageSizeSearch:
             self.size = self.by = self.refused = None
             self._first = learned.page_size or FIRST_PAGE_ASK
             return
-        self.size, self.by, self.refused = learned.page_size, learned.page_by, learned.page_refused
+        self.size, self.refused = learned.page_size, learned.page_refused
+        self.by = None if learned.page_size is None else "remembered"
 
     def adopt(self, learned: Learned) -> None:
         """Take in what another holder of the path learned in its pulls."""

@@ -170,7 +170,7 @@ class _Learning:
     def restore(self, learned: Learned, now: float, *, imported: bool = False) -> None:
         """Take in ``learned``: an import (a record of an earlier run) or another holder's."""
         if self.search is not None:
-            self.search.restore(learned, now)
+            self.search.restore(learned, now, by="remembered" if imported else None)
         if imported:
             self.pages.restore(learned)
         else:
@@ -283,9 +283,7 @@ class StoreLimiter:
             pool = self._pools.get(key)
             search = None if pool is None else pool.search
             learning = self._learning.setdefault(key, _Learning(search))
-            page_by = None if record.page_size is None else "remembered"
-            remembered = attrs.evolve(record, rate_by="remembered", page_by=page_by)
-            learning.restore(remembered, now, imported=True)
+            learning.restore(record, now, imported=True)
             learning.seeded = True
             if pool is not None and search is not None:
                 self._repaced(pool, now)

@@ -30,6 +30,7 @@ BENCHMARKS = {
     "pacer": "pacer",
     "redis": "redis_shared",
     "discovery": "discovery",
+    "dlt": "dlt_source",
 }
 
 

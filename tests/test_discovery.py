@@ -521,3 +521,15 @@ async def test_workers_sharing_redis_pace_one_pool_by_the_store_s_learned_rate(
     accepted = sorted(t for run in runs for t in run.accepted)
     late = [t for t in accepted if t > accepted[-1] - 2.0]
     assert len(late) / 2.0 <= 4.0
+
+
+def test_a_probe_not_yet_answered_is_remembered_as_the_rate_before_it() -> None:
+    """A pull too short to see its last raise refused or run clean exported it: the next run
+    starts where the rate last ran clean, not above the server's limit."""
+    search = RateSearch(Discovery())
+    probe = Learned(rate=4.0, rate_by="probe", good=2.0, age=10.0)
+    search.restore(probe, 0.0, by="remembered")
+    assert (search.rate, search.by) == (2.0, "remembered")
+    settled = Learned(rate=9.5, rate_by="429", good=8.0, refused=16.0, hold=100.0, age=10.0)
+    search.restore(settled, 0.0, by="remembered")
+    assert search.rate == 9.5  # a rate a 429 set is the server's evidence

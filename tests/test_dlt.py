@@ -1,0 +1,461 @@
+"""The dlt source against a real dlt pipeline loading into a real DuckDB, with FakeAdminServer.
+
+The server runs on the test's event loop; each pipeline run goes to a worker thread
+(``asyncio.to_thread``), where dlt starts the event loop of its own that runs the resources,
+so the server answers while dlt extracts, as a real one does from elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import dlt
+import duckdb
+import pytest
+import redis.asyncio as aioredis
+from dlt.pipeline.exceptions import PipelineStepFailed
+from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by its name=
+
+from asyncsubs import AuthenticationError, ConfigError, Limits, Rate
+from asyncsubs.dlt import DeleteLog, Store, subscription_service
+from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, run_in_process
+from asyncsubs.webhooks import WebhookConfig, WebhookReceiver
+
+RESOURCES = ("subscriptions", "customers", "orders")
+STORES = ("s0", "s1", "s2")
+#: Stores of one page per resource, for the tests of configuration (discovery starts at 1/s).
+SMALL = ("t0", "t1")
+INCREMENTAL = {r: {"param": "updatedAtMin", "field": "updatedAt"} for r in RESOURCES}
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # the fake server's, kept by dlt's lag
+#: Fixed limits far above the fake server's (it enforces none here): pages as fast as it answers.
+FAST = Limits(global_rate=Rate(1_000), heavy={r: Rate(1_000) for r in RESOURCES})
+
+
+@pytest.fixture(autouse=True)
+def no_dlt_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dlt reports usage over the network unless told not to; tests talk to loopback only."""
+    monkeypatch.setenv("RUNTIME__DLTHUB_TELEMETRY", "false")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeAdminServer]:
+    stores = [FakeStoreConfig(name, records=120) for name in STORES]
+    stores += [FakeStoreConfig(name, records=40) for name in SMALL]
+    async with FakeAdminServer(stores=stores, rate_limits=None, max_page_size=50) as srv:
+        yield srv
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> dlt.Pipeline:
+    return dlt.pipeline(
+        pipeline_name=f"subs_{uuid.uuid4().hex[:8]}",
+        destination=dlt.destinations.duckdb(str(tmp_path / "warehouse.duckdb")),
+        pipelines_dir=str(tmp_path / "pipelines"),
+        dataset_name="subs",
+    )
+
+
+def stores_of(server: FakeAdminServer, **options: Any) -> list[Store]:
+    options.setdefault("limits", FAST)
+    options.setdefault("page_size", 50)
+    return [
+        Store(name=name, base_url=server.base_url, token=server.store(name).token, **options)
+        for name in STORES
+    ]
+
+
+async def run(pipeline: dlt.Pipeline, source: Any) -> Any:
+    return await asyncio.to_thread(pipeline.run, source)
+
+
+def query(pipeline: dlt.Pipeline, sql: str) -> list[tuple[Any, ...]]:
+    path = pipeline.destination_client().config.credentials.database  # type: ignore[attr-defined]
+    with duckdb.connect(path, read_only=True) as conn:
+        return conn.sql(sql).fetchall()
+
+
+def loaded(pipeline: dlt.Pipeline, resource: str) -> dict[tuple[str, str], Any]:
+    rows = query(pipeline, f"SELECT store, id, updated_at FROM subs.{resource}")
+    keys = [(store, id_) for store, id_, _ in rows]
+    assert len(keys) == len(set(keys)), f"duplicate keys in {resource}"
+    return {(store, id_): stamp for store, id_, stamp in rows}
+
+
+def served(
+    server: FakeAdminServer, resource: str, stores: tuple[str, ...] = STORES
+) -> dict[tuple[str, str], str]:
+    return {
+        (name, str(record["id"])): record["updatedAt"]
+        for name in stores
+        for record in server.records(name, resource)
+    }
+
+
+def list_requests(server: FakeAdminServer) -> list[Any]:
+    return [r for r in server.requests if r.method == "GET" and r.status == 200]
+
+
+async def test_three_stores_three_resources_load_exactly(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    await run(pipeline, subscription_service(stores=stores_of(server), max_stores=2))
+
+    for resource in RESOURCES:
+        got, want = loaded(pipeline, resource), served(server, resource)
+        assert set(got) == set(want)  # row counts and distinct (store, id) both equal
+    # Whole pages, three per (store, resource): 120 records at 50 a page.
+    requests = list_requests(server)
+    assert len(requests) == 3 * 3 * 3
+    # At most two stores pulling at once (max_stores), each with all of its resources: the
+    # third store's first request comes after the last of one of the first two.
+    first = {name: min(i for i, r in enumerate(requests) if r.store == name) for name in STORES}
+    last = {name: max(i for i, r in enumerate(requests) if r.store == name) for name in STORES}
+    third = max(STORES, key=first.__getitem__)
+    assert any(last[name] < first[third] for name in STORES if name != third)
+    # Nested arrays are child tables, as dlt makes them.
+    lines = query(pipeline, "SELECT count(*) FROM subs.orders__line_items")[0][0]
+    assert lines == sum(len(o["lineItems"]) for s in STORES for o in server.records(s, "orders"))
+
+
+async def test_second_run_merges_changes(server: FakeAdminServer, pipeline: dlt.Pipeline) -> None:
+    await run(pipeline, subscription_service(stores=stores_of(server)))
+    for name in STORES:
+        await server.mutator(name, seed=7).run(steps=40)
+
+    await run(pipeline, subscription_service(stores=stores_of(server)))
+
+    changed = 0
+    for resource in RESOURCES:
+        got, want = loaded(pipeline, resource), served(server, resource)
+        assert set(got) == set(want)
+        for key, stamp in want.items():  # the newer value won: the stored stamp is the server's
+            assert got[key].strftime(STAMP) == stamp
+            changed += stamp >= "2026"
+    assert changed > 0  # the mutator's stamps are today's; the seeded records' are older
+
+
+async def test_incremental_second_run_asks_only_after_the_high_water_mark(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    source = subscription_service(stores=stores_of(server), incremental=INCREMENTAL, lag=60)
+    await run(pipeline, source)
+    state = pipeline.state["sources"]["subscription_service"]["resources"]
+    marks = {r: state[r]["incremental"]["updatedAt"]["last_value"] for r in RESOURCES}
+    for resource in RESOURCES:
+        assert marks[resource] == max(served(server, resource).values())
+    for name in STORES:
+        await server.mutator(name, seed=3).run(steps=10)
+    server.clear_requests()
+
+    await run(
+        pipeline, subscription_service(stores=stores_of(server), incremental=INCREMENTAL, lag=60)
+    )
+
+    requests = list_requests(server)
+    for resource in RESOURCES:
+        asked = [r for r in requests if r.path.endswith(f"/{resource}")]
+        # Every request of the second run carries the mark less the lag (60 s)...
+        since = {r.query.get("updatedAtMin") for r in asked}
+        assert len(since) == 1
+        mark = datetime.datetime.strptime(marks[resource], STAMP)
+        assert since == {(mark - datetime.timedelta(seconds=60)).strftime(STAMP)}
+        # ...and no store needs more than one page for what changed since.
+        assert len(asked) == len(STORES)
+        got, want = loaded(pipeline, resource), served(server, resource)
+        assert got.keys() == want.keys()
+        assert {k: v.strftime(STAMP) for k, v in got.items()} == want
+
+
+async def test_a_store_new_to_the_pipeline_is_pulled_whole(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    first, *_ = stores_of(server)
+    await run(pipeline, subscription_service(stores=[first], incremental=INCREMENTAL))
+    await run(pipeline, subscription_service(stores=stores_of(server), incremental=INCREMENTAL))
+
+    for resource in RESOURCES:
+        assert set(loaded(pipeline, resource)) == set(served(server, resource))
+
+
+async def test_interrupted_extract_reruns_exactly(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    pages = itertools.count(1)
+
+    def interrupt_at_fourth_page(page: Any) -> Any:
+        if next(pages) == 4:
+            raise KeyboardInterrupt  # as Ctrl-C would, mid-extract
+        return page
+
+    source = subscription_service(stores=stores_of(server), incremental=INCREMENTAL)
+    source.orders.add_map(interrupt_at_fourth_page)
+    with pytest.raises((KeyboardInterrupt, PipelineStepFailed)):
+        await run(pipeline, source)
+    # Nothing of the interrupted run was committed: no state, no package left to load.
+    assert "resources" not in pipeline.state.get("sources", {}).get("subscription_service", {})
+    assert not pipeline.list_normalized_load_packages()
+
+    await run(pipeline, subscription_service(stores=stores_of(server), incremental=INCREMENTAL))
+
+    for resource in RESOURCES:
+        assert set(loaded(pipeline, resource)) == set(served(server, resource))
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        stack += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            stack += list(current.exceptions)
+
+
+async def test_a_bad_token_fails_the_run_with_the_typed_error_and_no_token(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    stores = stores_of(server)
+    bad = "fake_0123456789abcdef-not-a-token"
+    stores[1] = Store(name="s1", base_url=server.base_url, token=bad, limits=FAST)
+    tokens = [bad, *(server.store(name).token for name in STORES)]
+
+    with pytest.raises(PipelineStepFailed) as failed:
+        await run(pipeline, subscription_service(stores=stores))
+
+    errors = list(chain(failed.value))
+    auth = [e for e in errors if isinstance(e, AuthenticationError)]
+    assert auth
+    assert auth[0].status == 401
+    assert "store s1" in str(auth[0])
+    trace = pipeline.last_trace
+    shown = [
+        *(f"{e!s} {e!r} {vars(e)!r}" for e in errors),
+        str(trace),
+        repr(trace.asdict()),
+        caplog.text,
+    ]
+    for text in shown:
+        assert not any(token in text for token in tokens)
+
+
+async def test_budgets_hold_against_a_server_enforcing_them(pipeline: dlt.Pipeline) -> None:
+    heavy = {"subscriptions": Rate(4), "customers": Rate(3), "orders": Rate(5)}
+    limits = ServerRateLimits(global_rate=Rate(50), heavy=heavy, window="sliding")
+    stores = [FakeStoreConfig(name, records=100, rate_limits=limits) for name in STORES]
+    # In a process of its own: sharing this one, the server would stamp requests late by the
+    # pipeline's work and count them bunched (README, "Testing your own code").
+    with run_in_process(stores=stores, max_page_size=25, default_page_size=25) as server:
+        given = [
+            Store(
+                name, server.base_url, server.tokens[name], limits=Limits(heavy=heavy), page_size=25
+            )
+            for name in STORES
+        ]
+        await run(pipeline, subscription_service(stores=given))
+
+        for name in STORES:
+            stats = server.stats(name)
+            assert stats.rejected == 0
+            assert all(stats.pool(r).accepted == 4 for r in RESOURCES)
+
+
+async def test_learned_values_carry_over_to_the_next_run(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    # The default discovery (Store(limits=None)) starts at 1/s; a faster start keeps this short.
+    limits = Limits(heavy={"orders": Rate.discover(start=20)})
+    stores = stores_of(server, limits=limits, page_size="max")[:1]
+    await run(pipeline, subscription_service(stores=stores, resources=["orders"]))
+    learned = pipeline.state["sources"]["subscription_service"]["learned"]["s0"]
+    assert learned["pools"]["orders"]["page_size"] == 50  # the server's maximum, found
+    first = [r.query.get("pageSize") for r in list_requests(server)]
+    assert first[0] == "1000"
+    server.clear_requests()
+
+    await run(pipeline, subscription_service(stores=stores, resources=["orders"]))
+
+    # The second run starts from what the first learned: the server's page size at once.
+    assert {r.query.get("pageSize") for r in list_requests(server)} == {"50"}
+
+
+async def test_deletes_from_webhooks_become_hard_deletes(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, tmp_path: Path
+) -> None:
+    log = DeleteLog(tmp_path / "deletes.db")
+    options: dict[str, Any] = {"resources": ["subscriptions"], "deletes": str(log.path)}
+    await run(pipeline, subscription_service(stores=stores_of(server), **options))
+    receiver = WebhookReceiver(WebhookConfig("whsec"), log.handler("s0"), store="s0")
+    url = await receiver.listen("127.0.0.1", 0)
+    try:
+        sender = await server.deliver_webhooks(url, "whsec", stores=["s0"])
+        mutator = server.mutator("s0", weights={"subscription_delete": 5.0})
+        await mutator.run(steps=20)
+        await sender.join()
+    finally:
+        await receiver.aclose()
+    deleted = {("s0", str(m.record_id)) for m in mutator.history if m.kind.endswith("delete")}
+    assert deleted
+
+    await run(pipeline, subscription_service(stores=stores_of(server), **options))
+
+    got = loaded(pipeline, "subscriptions")
+    assert not deleted & set(got)
+    assert set(got) == set(served(server, "subscriptions"))
+
+
+async def test_replace_runs_drop_what_the_server_deleted(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    await run(pipeline, subscription_service(stores=stores_of(server), resources=["subscriptions"]))
+    mutator = server.mutator("s1", weights={"subscription_delete": 5.0})
+    await mutator.run(steps=10)
+    assert any(m.kind.endswith("delete") for m in mutator.history)
+
+    source = subscription_service(
+        stores=stores_of(server), resources=["subscriptions"], write_disposition="replace"
+    )
+    await run(pipeline, source)
+
+    assert set(loaded(pipeline, "subscriptions")) == set(served(server, "subscriptions"))
+
+
+async def test_integers_beyond_64_bits_load_exactly(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    big_id, big_amount = 2**70 + 1, -(2**100) - 7
+    # Written by hand: the fake server's own encoder stops at 64 bits, as orjson does.
+    records = f'[{{"id":{big_id},"amountMinor":{big_amount}}},{{"id":7,"amountMinor":5}}]'
+    page = (
+        f'{{"success":true,"message":"OK","code":"SUCCESS","data":{records},'
+        '"pageInfo":{"hasNextPage":false,"nextCursor":null}}'
+    )
+    server.enqueue(200, page, path="orders", store="s0")
+    source = subscription_service(stores=stores_of(server)[:1], resources=["orders"])
+    await run(pipeline, source)
+
+    rows = query(pipeline, "SELECT id, CAST(amount_minor AS VARCHAR) FROM subs.orders")
+    assert (str(big_id), str(big_amount)) in rows
+
+
+async def test_config_from_dlt_config_and_secrets(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One store the way dlt users configure a source: the URL as config, the token as a secret
+    # (environment variables here; .dlt/config.toml and .dlt/secrets.toml alike).
+    monkeypatch.setenv("SOURCES__SUBSCRIPTION_SERVICE__BASE_URL", server.base_url)
+    monkeypatch.setenv("SOURCES__SUBSCRIPTION_SERVICE__TOKEN", server.store("t1").token)
+    monkeypatch.setenv("SOURCES__SUBSCRIPTION_SERVICE__STORE", "t1")
+    source = subscription_service(resources=["customers"])
+    await run(pipeline, source)
+    assert set(loaded(pipeline, "customers")) == set(served(server, "customers", ("t1",)))
+    # Rates and page size not given: the pool discovers its rate (here still at its start).
+    pools = pipeline.state["sources"]["subscription_service"]["learned"]["t1"]["pools"]
+    assert pools["customers"]["rate"] == 1.0
+
+
+async def test_many_stores_from_a_secrets_table(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    # What [sources.subscription_service.stores.<name>] tables in .dlt/secrets.toml hold.
+    tokens = [server.store(name).token for name in SMALL]
+    stores = {
+        name: {"base_url": server.base_url, "token": token}
+        for name, token in zip(SMALL, tokens, strict=True)
+    }
+    dlt.secrets["sources.subscription_service.stores"] = stores
+    try:
+        source = subscription_service(resources=["customers"])
+        await run(pipeline, source)
+    finally:
+        dlt.secrets["sources.subscription_service.stores"] = None
+    assert set(loaded(pipeline, "customers")) == set(served(server, "customers", SMALL))
+    # dlt's trace lists every resolved argument; the stores table is a secret, so not its value.
+    trace = pipeline.last_trace
+    assert "stores" in str(trace)
+    assert not any(token in f"{trace} {trace.asdict()!r}" for token in tokens)
+
+
+async def test_config_from_a_stores_file(
+    server: FakeAdminServer, tmp_path: Path, pipeline: dlt.Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "stores.toml").write_text(
+        '[defaults]\nincremental.orders = { param = "updatedAtMin", field = "updatedAt" }\n'
+        f'[stores.s2]\nbase_url = "{server.base_url}"\ntoken_env = "S2_TOKEN"\n'
+        'limits = { heavy = { orders = "700/s" } }\n'
+    )
+    monkeypatch.setenv("S2_TOKEN", server.store("s2").token)
+    source = subscription_service(stores_file=str(tmp_path / "stores.toml"))
+    await run(pipeline, source.with_resources("orders"))
+
+    assert set(loaded(pipeline, "orders")) == {k for k in served(server, "orders") if k[0] == "s2"}
+    state = pipeline.state["sources"]["subscription_service"]
+    assert "updatedAt" in state["resources"]["orders"]["incremental"]
+    assert state["learned"]["s2"]["pools"]["orders"]["rate"] is None  # pinned: not discovered
+
+
+async def test_other_list_paths_are_resources_too(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    for n, name in enumerate(STORES):
+        data = f'[{{"id":{n},"amount":"1.00"}}]'
+        body = f'{{"success":true,"data":{data},"pageInfo":{{"hasNextPage":false}}}}'
+        server.enqueue(200, body, path="charges", store=name)
+    source = subscription_service(stores=stores_of(server), resources=[], list_paths=["charges"])
+    await run(pipeline, source)
+
+    rows = query(pipeline, "SELECT store, id, amount FROM subs.charges ORDER BY store")
+    assert rows == [(name, str(n), "1.00") for n, name in enumerate(STORES)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "exactly one of"),
+        ({"base_url": "https://x.example", "stores_file": "stores.toml"}, "exactly one of"),
+        ({"base_url": "https://x.example"}, "token is required"),
+        ({"stores": [], "resources": ["refunds"]}, "stores is empty"),
+        ({"resources": ["refunds"]}, "unknown resources"),
+        ({"write_disposition": "replace", "incremental": INCREMENTAL}, "replace"),
+        ({"write_disposition": "append"}, "write_disposition"),
+        ({"lag": -1}, "lag"),
+        ({"max_stores": 0}, "max_stores"),
+    ],
+)
+def test_bad_configuration_is_refused_before_any_request(
+    server: FakeAdminServer, arguments: dict[str, Any], message: str
+) -> None:
+    if not {"stores", "base_url", "stores_file"} & set(arguments) and arguments:
+        arguments = {"stores": stores_of(server), **arguments}
+    with pytest.raises(ConfigError, match=message):
+        subscription_service(**arguments)
+    assert not server.requests
+
+
+@pytest.mark.redis
+async def test_a_redis_url_paces_every_store_through_redis(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, redis_server: RedisServer
+) -> None:
+    source = subscription_service(
+        stores=stores_of(server), resources=["orders"], redis_url=redis_server.url
+    )
+    await run(pipeline, source)
+
+    assert set(loaded(pipeline, "orders")) == set(served(server, "orders"))
+    redis = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for name in STORES:  # each store's pool was paced in Redis (its keys outlive it 10 s)
+            assert await redis.exists(f"asyncsubs:{{{name}}}:gcra:orders")
+    finally:
+        await redis.aclose()
