@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from .. import Rate
 from ..testing import FakeStoreConfig, ServerRateLimits, run_in_process
@@ -105,11 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "from the server: the clients were told neither the heavy pools' rates nor the "
             "page size, and probed for them\n"
         )
-        out.write("learned, kept in the source's state for the next run (the server's rate):\n")
+        out.write(
+            "learned, kept in the source's state: the rate the next run starts at (the "
+            "server's) and the page size:\n"
+        )
         for i, name in enumerate(names):
             pools = learned[name]["pools"]
             found = ", ".join(
-                f"{r} {pools[r]['rate'] or 0:.1f}/s ({_HEAVY[i % len(_HEAVY)][r].per_second:g}), "
+                f"{r} {_starts_at(pools[r]):.1f}/s ({_HEAVY[i % len(_HEAVY)][r].per_second:g}), "
                 f"{pools[r]['page_size'] or '-'} a page"
                 for r in RESOURCES
             )
@@ -117,3 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = database if args.duckdb else "a temporary file, now deleted"
         out.write(f"database: {where}\n")
     return 0
+
+
+def _starts_at(pool: dict[str, Any]) -> float:
+    """The rate a run given this pool's record starts at: a probe not answered yet is no
+    evidence, the rate that last ran clean is."""
+    if pool["rate_by"] == "probe" and pool["good"]:
+        return float(pool["good"])
+    return float(pool["rate"] or 0.0)
