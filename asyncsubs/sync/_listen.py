@@ -1,11 +1,16 @@
 """``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
 
 One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
-its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker) bound to its store,
-behind one listener's timeouts and caps. A delivery is answered 200 only once it is in the
-database's ``webhook_inbox``; it is removed when applied or dead-lettered, and a restart applies
-what is left, so nothing acknowledged is lost to a crash. Dead letters of earlier runs are
-requeued on start while they have had fewer than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+its own ``WebhookReceiver`` (its own ``WebhookConfig``: secrets, signature scheme, dedupe
+window, queue and worker) serving its store, behind one listener's timeouts and caps. Which
+deliveries are a store's follows ``resolve_store_binding``: with a secret of its own, every
+correctly signed one; with a secret shared by several stores, those whose signed body carries
+the store's ``store_id``.
+
+A delivery is answered 200 only once it is in the database's ``webhook_inbox``; it is removed
+when applied or dead-lettered, and a restart applies what is left, so nothing acknowledged is
+lost to a crash. Dead letters of earlier runs are requeued on start while they have had fewer
+than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
 
 Events are written through the same sink as pulls (SQLite: its one writer thread), so the two
 never interleave inside a transaction; the upsert's newer-or-equal rule and the deleted ids make
@@ -37,6 +42,7 @@ from ..webhooks import (
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
+    resolve_store_binding,
 )
 from ._config import StoreConfig
 from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
@@ -102,6 +108,16 @@ class ListenSync:
         self.observe = observe
         self.engine = SyncEngine(configs, sink, observe, max_stores=max_stores)
         self.limits = limits or ListenerLimits()
+        missing = [config.store for config in configs if config.webhook is None]
+        if missing:
+            raise ConfigError(
+                f"stores {', '.join(missing)} have no webhook config: load_config(listen=True) "
+                "makes it, or give StoreConfig(webhook=WebhookConfig(...))"
+            )
+        # Said here too for configs not from load_config: a shared secret must be bound.
+        self.webhooks = resolve_store_binding(
+            {config.store: config.webhook for config in configs if config.webhook is not None}
+        )
         self.receivers: dict[str, WebhookReceiver] = {}
         self._applied = {config.store: _Applied() for config in configs}
         self._told: dict[str, WebhookCounts] = {}
@@ -119,7 +135,7 @@ class ListenSync:
             raise
         for config in self.configs:
             self.receivers[config.store] = WebhookReceiver(
-                WebhookConfig(config.webhook_secret),
+                self.webhooks[config.store],
                 self._handler(config),
                 store=config.store,
                 inbox=inbox,
@@ -155,8 +171,9 @@ class ListenSync:
         counts = self._applied[store]
 
         async def apply(event: WebhookEvent) -> None:
-            # The store is the one whose URL (and secret) the delivery came through; the
-            # receiver has checked that the signed body names the same store.
+            # The store is the one whose URL the delivery came through: signed with the store's
+            # own secret, or, with a secret shared by several stores, carrying the store's
+            # store_id in its signed body (the receiver has checked which).
             if event.resource not in resources:
                 counts.ignored += 1  # also keeps unknown resources out of the SQL
                 return
