@@ -30,12 +30,21 @@ from ..sync import (
     UnitNote,
     UnitStarted,
     WebhookCounts,
+    WebhookRefused,
 )
 from ._output import json_line
 from ._progress import Progress, UnitRow, plural
 from ._tables import format_table, rich_available
 
-__all__ = ["DEFAULT_INTERVAL", "Mode", "choose_mode", "show_progress", "webhook_totals"]
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "Mode",
+    "choose_mode",
+    "refusal_line",
+    "refusals",
+    "show_progress",
+    "webhook_totals",
+]
 
 Mode = Literal["rich", "plain", "json", "none"]
 DEFAULT_INTERVAL: Final = 5.0
@@ -88,21 +97,49 @@ class WebhookTotals:
     stale: int = 0
     ignored: int = 0
     dead_letters: int = 0
-    #: Refused deliveries: bad signature, not an event, too large.
+    #: Refused deliveries: not signed as configured, wrong store, not an event, too large.
     refused: int = 0
+    #: Store -> reason -> deliveries refused, for the stores that refused any.
+    refusals: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict)
 
     def line(self) -> str:
-        return (
+        line = (
             f"webhooks: {self.accepted:,} accepted, {self.duplicates:,} duplicates, "
             f"{self.applied:,} applied ({self.deletes:,} deletes), {self.stale:,} stale, "
             f"{self.ignored:,} ignored, {self.dead_letters:,} dead letters, "
             f"{self.refused:,} refused"
         )
+        if self.refusals:
+            line += f" ({'; '.join(f'{s}: {by_reason(r)}' for s, r in self.refusals.items())})"
+        return line
+
+
+def refusals(counts: WebhookCounts) -> dict[str, int]:
+    """A store's refused deliveries by reason: a ``Refusal`` value (401, 403, 400), or
+    ``too_large`` (413)."""
+    stats = counts.receiver
+    found = dict(stats.refusals)
+    if stats.too_large:
+        found["too_large"] = stats.too_large
+    return found
 
 
 def refused(counts: WebhookCounts) -> int:
-    stats = counts.receiver
-    return stats.unauthorized + stats.bad_request + stats.too_large
+    return sum(refusals(counts).values())
+
+
+def by_reason(counts: Mapping[str, int]) -> str:
+    """``100 bad_signature, 3 wrong_store``: the most frequent first."""
+    return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items(), key=lambda c: -c[1]))
+
+
+def refusal_line(event: WebhookRefused) -> str:
+    """The first delivery of a store refused for a reason, and what to check."""
+    return (
+        f"warning: webhook delivery for store {event.store} refused: {event.detail} "
+        f"[{event.reason}, HTTP {event.status}]. Check {event.check}. Further {event.reason} "
+        "refusals of this store are counted in the webhooks line and the summary, not shown"
+    )
 
 
 def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
@@ -116,6 +153,7 @@ def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
         ignored=sum(c.ignored for c in counts),
         dead_letters=sum(c.receiver.dead_lettered for c in counts),
         refused=sum(refused(c) for c in counts),
+        refusals={c.store: refusals(c) for c in counts if refused(c)},
     )
 
 
@@ -188,6 +226,8 @@ class PlainLines:
     def __call__(self, event: Event, row: UnitRow | None) -> None:
         if isinstance(event, Message):
             self.write(event.text)
+        elif isinstance(event, WebhookRefused):
+            self.write(refusal_line(event))
         elif row is None:
             return
         elif isinstance(event, UnitStarted):
@@ -249,6 +289,8 @@ class JsonLines(PlainLines):
     def __call__(self, event: Event, row: UnitRow | None) -> None:
         if isinstance(event, Message):
             self.emit("info", "message", None, message=event.text)
+        elif isinstance(event, WebhookRefused):
+            self.emit("warning", "webhook_refused", None, **attrs.asdict(event))
         elif row is None:
             return
         elif isinstance(event, UnitStarted):
@@ -343,6 +385,8 @@ class LiveTable:
         # Only notes are printed; starts and finishes show in the next periodic refresh.
         if isinstance(event, Message):
             self.live.console.print(event.text, highlight=False)
+        elif isinstance(event, WebhookRefused):
+            self.live.console.print(refusal_line(event), highlight=False)
         elif row is not None and isinstance(event, Retrying) and self.verbose:
             self.live.console.print(f"{row.key}: {retry_line(event.error, event)}", highlight=False)
         elif row is not None and isinstance(event, UnitNote):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from ._display import refused
+from ._display import by_reason, refusals, refused
 from ._progress import Progress, plural
 from ._tables import print_table
 
@@ -77,6 +77,7 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
             f"{hook.stale:,}",
             f"{hook.ignored:,}",
             f"{refused(hook):,}",
+            by_reason(refusals(hook)),
             f"{hook.receiver.dead_lettered:,}",
             f"{hook.receiver.unfinished:,}",
             f"{hook.receiver.unsaved:,}",
@@ -94,6 +95,7 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
             "stale",
             "ignored",
             "refused",
+            "refused for",
             "dead letters",
             "kept",
             "lost",
@@ -102,9 +104,11 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
         stream=stream,
         footer=[
             "applied: rows written or deleted; stale: older than the stored row, or deleted; "
-            "ignored: resources not synced; refused: bad signature, wrong store or not an event; "
+            "ignored: resources not synced; refused: not signed as configured, wrong store, not "
+            "an event or too large (refused for: by reason); "
             "dead letters: in the table webhook_dead_letters (asyncsubs dead-letters); "
             "kept: accepted, not applied yet, in webhook_inbox for the next start; "
-            "lost: dead letters that could not be saved"
+            "lost: dead letters that could not be saved",
+            *(f"{reason}: check {check}" for reason, check in progress.refusal_checks.items()),
         ],
     )

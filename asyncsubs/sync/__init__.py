@@ -57,6 +57,7 @@ from ._events import (
     UnitStarted,
     UnitStopped,
     WebhookCounts,
+    WebhookRefused,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import sink_for
@@ -108,6 +109,7 @@ __all__ = [
     "UnitStopped",
     "WebhookApplyError",
     "WebhookCounts",
+    "WebhookRefused",
     "check_base_url",
     "check_redis_url",
     "clamped_page_note",

@@ -5,7 +5,8 @@ its own ``WebhookReceiver`` (its own ``WebhookConfig``: secrets, signature schem
 window, queue and worker) serving its store, behind one listener's timeouts and caps. Which
 deliveries are a store's follows ``resolve_store_binding``: with a secret of its own, every
 correctly signed one; with a secret shared by several stores, those whose signed body carries
-the store's ``store_id``.
+the store's ``store_id``. The first refusal of each reason of each store is told as a
+``WebhookRefused`` event saying what to check; the rest are counted (``WebhookCounts``).
 
 A delivery is answered 200 only once it is in the database's ``webhook_inbox``; it is removed
 when applied or dead-lettered, and a restart applies what is left, so nothing acknowledged is
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 from urllib.parse import quote
 
@@ -36,9 +37,11 @@ from aiohttp import web
 from ..errors import ConfigError
 from ..json import dumps
 from ..webhooks import (
+    DeliveryRefused,
     Handler,
     Listener,
     ListenerLimits,
+    Refusal,
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
@@ -46,7 +49,7 @@ from ..webhooks import (
 )
 from ._config import StoreConfig
 from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
-from ._events import Message, Observer, WebhookCounts
+from ._events import Message, Observer, WebhookCounts, WebhookRefused
 from ._schedulers import run_round
 from ._sink import Sink
 
@@ -65,6 +68,34 @@ WEBHOOK_ROUTE: Final = "/webhooks/{store}"
 REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 #: Seconds between looks at the receivers' counters (told only when they changed).
 COUNTS_EVERY: Final = 1.0
+#: The stores.toml keys to check for each reason a delivery is refused (a payload that is
+#: not an event has none: ``sync --listen`` reads ``WebhookConfig``'s default shape).
+KEYS_TO_CHECK: Final[Mapping[Refusal, tuple[str, ...]]] = {
+    Refusal.NO_SIGNATURE: (
+        "webhook_scheme",
+        "webhook_signature_header",
+        "webhook_encoding",
+        "webhook_signature_prefix",
+    ),
+    Refusal.BAD_SIGNATURE: (
+        "webhook_secret_env",
+        "webhook_previous_secrets_env",
+        "webhook_scheme",
+        "webhook_algorithm",
+        "webhook_encoding",
+    ),
+    Refusal.BAD_TIMESTAMP: ("webhook_scheme", "webhook_timestamp_header"),
+    Refusal.STALE_TIMESTAMP: ("webhook_timestamp_tolerance",),
+    Refusal.WRONG_STORE: ("webhook_store_id", "webhook_store_key"),
+}
+
+
+def what_to_check(refusal: Refusal) -> str:
+    """What to check when deliveries are refused for ``refusal``: its hint, and the keys."""
+    keys = KEYS_TO_CHECK.get(refusal)
+    if keys is None:
+        return refusal.hint + '; sync --listen reads the default shape, {"id", "topic", "data"}'
+    return f"{refusal.hint}; in stores.toml: {', '.join(keys)}"
 
 
 class WebhookApplyError(Exception):
@@ -140,6 +171,7 @@ class ListenSync:
                 store=config.store,
                 inbox=inbox,
                 dead_letters=dead_letters,
+                on_refused=self._refused(config.store),
             )
         return self
 
@@ -164,6 +196,20 @@ class ListenSync:
         while True:
             self._tell_counts()
             await asyncio.sleep(COUNTS_EVERY)
+
+    def _refused(self, store: str) -> Callable[[DeliveryRefused], None]:
+        told: set[Refusal] = set()
+
+        def tell(refused: DeliveryRefused) -> None:
+            # The first of each reason; WebhookCounts count them all.
+            refusal = refused.refusal
+            if refusal not in told:
+                told.add(refusal)
+                check = what_to_check(refusal)
+                event = WebhookRefused(store, refusal.value, refusal.status, refused.detail, check)
+                self.observe(event)
+
+        return tell
 
     def _handler(self, config: StoreConfig) -> Handler:
         store, sink = config.store, self.sink
