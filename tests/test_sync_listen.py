@@ -17,7 +17,7 @@ import signal
 import socket
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -605,9 +605,7 @@ async def test_command_applies_webhooks_and_stops_cleanly_on_sigterm(tmp_path: P
             ):
                 assert resp.status == 401
             # Accepted is enough: stopping applies whatever is still queued.
-            proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(20):
-                out, err = await proc.communicate()
+            out, err = await terminate(proc)
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -627,15 +625,28 @@ async def test_command_applies_webhooks_and_stops_cleanly_on_sigterm(tmp_path: P
         assert_exact(db, server)
 
 
-async def _start_listen(
-    db: Path, config: Path, server: FakeAdminServer
-) -> tuple[Any, dict[str, str]]:
-    """``sync --listen`` in a child process, once its initial sync is done: (process, urls)."""
+async def terminate(proc: Any) -> tuple[bytes, bytes]:
+    """SIGTERM ``proc`` and wait (20 s at most) for it to exit: (its stdout, its stderr)."""
+    proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(20):
+        out, err = await proc.communicate()
+    return out, err
+
+
+async def start_listen(
+    db: Path,
+    config: Path,
+    env: Mapping[str, str],
+    *output: str,
+    stdout: int = asyncio.subprocess.DEVNULL,
+) -> tuple[Any, dict[str, str], list[str]]:
+    """``sync --listen`` in a child process with ``output`` options (plain lines unless said),
+    once its initial sync is done: (process, urls, its stderr lines so far)."""
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config)),
-        *("--db", str(db), "--listen", "127.0.0.1:0", "--progress", "plain"),
-        env={**os.environ, **environment(server)},
-        stdout=asyncio.subprocess.DEVNULL,
+        *("--db", str(db), "--listen", "127.0.0.1:0", *(output or ("--progress", "plain"))),
+        env={**os.environ, **env},
+        stdout=stdout,
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
@@ -646,9 +657,9 @@ async def _start_listen(
             line = (await proc.stderr.readline()).decode()
             assert line, f"exited early: {''.join(lines)}"
             lines.append(line)
-            if match := re.search(r"webhooks of store (\w+): POST (\S+)$", line):
+            if match := re.search(r"webhooks of store (\w+): POST (http://[^\s\"]+)", line):
                 urls[match[1]] = match[2]
-    return proc, urls
+    return proc, urls, lines
 
 
 async def test_sigkill_after_acknowledging_loses_no_update_and_no_delete(tmp_path: Path) -> None:
@@ -657,7 +668,7 @@ async def test_sigkill_after_acknowledging_loses_no_update_and_no_delete(tmp_pat
     db = tmp_path / "subs.db"
     async with fake_server(seed=12) as server:
         config = write_config(tmp_path, server)
-        proc, urls = await _start_listen(db, config, server)
+        proc, urls, _ = await start_listen(db, config, environment(server))
         changes: list[Any] = []
         server.store("acme").listeners.append(changes.append)
         mutator = server.mutator(
@@ -697,7 +708,7 @@ async def test_sigkill_after_acknowledging_loses_no_update_and_no_delete(tmp_pat
         assert kept > 0  # the crash did hit acknowledged, unapplied events (~210 of 219 here)
 
         # The restart resumes the inbox; SIGTERM then drains it before exiting.
-        proc, _ = await _start_listen(db, config, server)
+        proc, _, _ = await start_listen(db, config, environment(server))
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
             await proc.communicate()
