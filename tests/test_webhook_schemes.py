@@ -496,6 +496,40 @@ async def test_refusals_are_counted_per_reason_and_warned_once_each(
     assert handler.events == []
 
 
+async def test_on_refused_is_told_each_refusal_and_cannot_change_its_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    told: list[DeliveryRefused] = []
+
+    def on_refused(refused: DeliveryRefused) -> None:
+        told.append(refused)
+        if len(told) == 2:
+            raise RuntimeError("a bug in the display")
+
+    config = WebhookConfig(SECRET)
+    receiver = WebhookReceiver(config, Recorder(), store="acme", on_refused=on_refused)
+    url = await receiver.listen("127.0.0.1", 0)
+    body = storeless("o-1")
+    statuses = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, hmac_headers("wrong", body), hmac_headers("wrong", body)):
+                async with session.post(url, data=body, headers=headers) as response:
+                    statuses.append(response.status)
+    finally:
+        await receiver.aclose(timeout=1.0)
+    assert statuses == [401, 401, 401]
+    assert [r.refusal for r in told] == [
+        Refusal.NO_SIGNATURE,
+        Refusal.BAD_SIGNATURE,
+        Refusal.BAD_SIGNATURE,
+    ]
+    assert "no signature" in told[1].detail
+    assert "webhooks for store acme: on_refused raised" in caplog.text
+    with pytest.raises(ConfigError, match="on_refused must be a function"):
+        WebhookReceiver(config, Recorder(), on_refused=5)  # type: ignore[arg-type]
+
+
 def test_scheme_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="scheme must be one of"):
         WebhookConfig(SECRET, scheme="svix")

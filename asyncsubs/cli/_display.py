@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import IO, Any, Final, Literal
 
 import attrs
@@ -30,13 +30,14 @@ from ..sync import (
     UnitFailed,
     UnitNote,
     UnitStarted,
-    WebhookCounts,
+    WebhookRefused,
 )
 from ._output import json_line
 from ._progress import Progress, UnitRow, allowed_cell, learned_text, page_cell, plural
 from ._tables import format_table, rich_available
+from ._webhooks import WebhookTotals, refusal_line, webhook_totals
 
-__all__ = ["DEFAULT_INTERVAL", "Mode", "choose_mode", "show_progress", "webhook_totals"]
+__all__ = ["DEFAULT_INTERVAL", "Mode", "choose_mode", "show_progress"]
 
 Mode = Literal["rich", "plain", "json", "none"]
 DEFAULT_INTERVAL: Final = 5.0
@@ -77,48 +78,6 @@ def choose_mode(stream: IO[str], *, quiet: bool, force: str | None = None) -> Mo
         return "rich"
     isatty = getattr(stream, "isatty", None)
     return "rich" if isatty is not None and isatty() and rich_available() else "plain"
-
-
-@attrs.frozen
-class WebhookTotals:
-    """Every store's webhooks together."""
-
-    accepted: int = 0
-    duplicates: int = 0
-    applied: int = 0
-    deletes: int = 0
-    stale: int = 0
-    ignored: int = 0
-    dead_letters: int = 0
-    #: Refused deliveries: bad signature, not an event, too large.
-    refused: int = 0
-
-    def line(self) -> str:
-        return (
-            f"webhooks: {self.accepted:,} accepted, {self.duplicates:,} duplicates, "
-            f"{self.applied:,} applied ({self.deletes:,} deletes), {self.stale:,} stale, "
-            f"{self.ignored:,} ignored, {self.dead_letters:,} dead letters, "
-            f"{self.refused:,} refused"
-        )
-
-
-def refused(counts: WebhookCounts) -> int:
-    stats = counts.receiver
-    return stats.unauthorized + stats.bad_request + stats.too_large
-
-
-def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
-    counts = list(hooks.values())
-    return WebhookTotals(
-        accepted=sum(c.receiver.accepted for c in counts),
-        duplicates=sum(c.receiver.duplicates for c in counts),
-        applied=sum(c.applied for c in counts),
-        deletes=sum(c.deletes for c in counts),
-        stale=sum(c.stale for c in counts),
-        ignored=sum(c.ignored for c in counts),
-        dead_letters=sum(c.receiver.dead_lettered for c in counts),
-        refused=sum(refused(c) for c in counts),
-    )
 
 
 def status(row: UnitRow) -> str:
@@ -190,6 +149,8 @@ class PlainLines:
     def __call__(self, event: Event, row: UnitRow | None) -> None:
         if isinstance(event, Message):
             self.write(event.text)
+        elif isinstance(event, WebhookRefused):
+            self.write(refusal_line(event))
         elif row is None:
             return
         elif isinstance(event, UnitStarted):
@@ -253,6 +214,8 @@ class JsonLines(PlainLines):
     def __call__(self, event: Event, row: UnitRow | None) -> None:
         if isinstance(event, Message):
             self.emit("info", "message", None, message=event.text)
+        elif isinstance(event, WebhookRefused):
+            self.emit("warning", "webhook_refused", None, **attrs.asdict(event))
         elif row is None:
             return
         elif isinstance(event, UnitStarted):
@@ -357,6 +320,8 @@ class LiveTable:
         # Only notes are printed; starts and finishes show in the next periodic refresh.
         if isinstance(event, Message):
             self.live.console.print(event.text, highlight=False)
+        elif isinstance(event, WebhookRefused):
+            self.live.console.print(refusal_line(event), highlight=False)
         elif row is not None and isinstance(event, Retrying) and self.verbose:
             self.live.console.print(f"{row.key}: {retry_line(event.error, event)}", highlight=False)
         elif row is not None and isinstance(event, UnitNote):

@@ -37,16 +37,19 @@ def listen_address(text: str) -> tuple[str, int]:
 
 
 class _ReceiverLog(logging.Handler):
-    """The receivers' warnings and errors (refused deliveries, failed and dead-lettered events)
+    """The receivers' warnings and errors (failed and dead-lettered events, bodies too large)
     as one line each among the progress, like every other message: no traceback (--debug has
     them), and through the display rather than across it. They stay log records: the
-    receivers' logger is how they speak to any application."""
+    receivers' logger is how they speak to any application. A refused delivery's warning is
+    left out: the display shows it from its ``WebhookRefused`` event, with the keys to check."""
 
     def __init__(self, runner: Runner) -> None:
         super().__init__(logging.WARNING)
         self.runner = runner
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "webhook_refusal", None) is not None:
+            return
         try:
             text = " ".join(record.getMessage().split())
             if self.runner.progress.shown:

@@ -27,6 +27,7 @@ from ..sync import (
     UnitStarted,
     UnitStopped,
     WebhookCounts,
+    WebhookRefused,
 )
 
 __all__ = ["Progress", "UnitRow", "allowed_cell", "learned_text", "page_cell", "plural"]
@@ -135,6 +136,8 @@ class Progress:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], UnitRow] = {}
         self.webhooks: dict[str, WebhookCounts] = {}
+        #: What to check for each reason deliveries were refused (``WebhookRefused``).
+        self.refusal_checks: dict[str, str] = {}
         #: Records pulled over every run of this process (rows restart at each run), and the
         #: runs started (``sync --listen`` pulls again and again).
         self.pulled = 0
@@ -163,6 +166,9 @@ class Progress:
     def _apply(self, event: Event) -> UnitRow | None:
         if isinstance(event, WebhookCounts):
             self.webhooks[event.store] = event
+            return None
+        if isinstance(event, WebhookRefused):
+            self.refusal_checks[event.reason] = event.check
             return None
         if isinstance(event, RunStarted):
             self.runs = event.number

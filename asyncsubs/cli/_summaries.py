@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import IO
 
-from ._display import refused
 from ._progress import Progress, allowed_cell, learned_text, page_cell, plural
 from ._tables import print_table
+from ._webhooks import by_reason, refusals, refused
 
 __all__ = ["sync_summary", "webhook_summary"]
 
@@ -81,6 +81,7 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
             f"{hook.stale:,}",
             f"{hook.ignored:,}",
             f"{refused(hook):,}",
+            by_reason(refusals(hook)),
             f"{hook.receiver.dead_lettered:,}",
             f"{hook.receiver.unfinished:,}",
             f"{hook.receiver.unsaved:,}",
@@ -98,6 +99,7 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
             "stale",
             "ignored",
             "refused",
+            "refused for",
             "dead letters",
             "kept",
             "lost",
@@ -106,9 +108,11 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
         stream=stream,
         footer=[
             "applied: rows written or deleted; stale: older than the stored row, or deleted; "
-            "ignored: resources not synced; refused: bad signature, wrong store or not an event; "
+            "ignored: resources not synced; refused: not signed as configured, wrong store, not "
+            "an event or too large (refused for: by reason); "
             "dead letters: in the table webhook_dead_letters (asyncsubs dead-letters); "
             "kept: accepted, not applied yet, in webhook_inbox for the next start; "
-            "lost: dead letters that could not be saved"
+            "lost: dead letters that could not be saved",
+            *(f"{reason}: check {check}" for reason, check in progress.refusal_checks.items()),
         ],
     )

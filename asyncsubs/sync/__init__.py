@@ -58,6 +58,7 @@ from ._events import (
     UnitStarted,
     UnitStopped,
     WebhookCounts,
+    WebhookRefused,
     learned_changed,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
@@ -111,6 +112,7 @@ __all__ = [
     "UnitStopped",
     "WebhookApplyError",
     "WebhookCounts",
+    "WebhookRefused",
     "check_base_url",
     "check_redis_url",
     "clamped_page_note",

@@ -6,7 +6,9 @@ The package's cattrs converter structures them, every unknown key a problem, eac
 checked by its attribute's validator; a key with a problem is left out and the rest checked, so
 a user fixes a file in one pass. Then each store is checked as a whole: its base URL, version
 and token by ``asyncsubs.settings`` (the client's own checks), its limits by ``Limits``, its
-secrets by the environment variables it names (never echoed).
+secrets by the environment variables it names (never echoed). With ``--listen``, each store's
+``webhook_*`` keys make its ``WebhookConfig``, and ``resolve_store_binding`` refuses stores that
+share a webhook secret without a way to tell their deliveries apart.
 
 ``load_config(path, env)`` returns one ``StoreConfig`` per store or raises ``ConfigFileError``,
 whose ``problems`` are one line each, named by the key as written in the file
@@ -31,6 +33,7 @@ from .. import Limits, Rate, RetryPolicy
 from .._converter import converter
 from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, check_token, check_version, is_loopback, versioned_base
+from ..webhooks import WebhookConfig, resolve_store_binding
 from ._sink import RESOURCES
 
 __all__ = [
@@ -55,8 +58,25 @@ _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _INCREMENTAL: Final = '{ param = "...", field = "..." }'
+_REQUIRED: Final = ("base_url", "token_env")
 #: Keys that belong to each store, never to ``[defaults]``.
-_PER_STORE: Final = ("base_url", "token_env")
+_PER_STORE: Final = (*_REQUIRED, "webhook_store_id")
+#: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
+#: the variables ``webhook_secret_env`` and ``webhook_previous_secrets_env`` name).
+_WEBHOOK_SETTINGS: Final = (
+    "scheme",
+    "encoding",
+    "algorithm",
+    "signature_header",
+    "signature_prefix",
+    "timestamp_header",
+    "id_header",
+    "timestamp_tolerance",
+    "store_key",
+    "store_id",
+)
+#: A secret every scheme reads (base64 after ``whsec_``), to check one setting on its own.
+_PROBE_SECRET: Final = "whsec_AAAA"
 
 
 class ConfigFileError(ConfigError):
@@ -99,8 +119,9 @@ class StoreConfig:
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     incremental: Mapping[str, Incremental] = attrs.Factory(dict)
-    #: The webhook signing secret (read only with ``--listen``) and the variable it came from.
-    webhook_secret: str = attrs.field(default="", repr=False)
+    #: The store's webhook receiver (only with ``--listen``: its secrets read from the
+    #: environment, its store binding resolved), and the variable its secret came from.
+    webhook: WebhookConfig | None = None
     webhook_secret_env: str = ""
     #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
     #: budget shared by every worker. May hold a password, hence no repr.
@@ -194,6 +215,14 @@ _env_name = _problem(
     "must be the NAME of an environment variable, like ACME_TOKEN (what it holds is not "
     "shown: it may be the secret itself)",
 )
+_env_names = _problem(
+    lambda v: isinstance(v, tuple) and all(isinstance(n, str) and _ENV_RE.match(n) for n in v),
+    'must be a list of NAMEs of environment variables, like ["ACME_WEBHOOK_SECRET_OLD"] (what '
+    "it holds is not shown: it may be a secret itself)",
+)
+_nonblank = _problem(
+    lambda v: isinstance(v, str) and bool(v.strip()), "must be a non-empty string, got {value!r}"
+)
 _server_limits = _problem(
     lambda v: v in ("lower", "follow", "ignore"),
     "must be one of lower, follow, ignore, got {value!r}",
@@ -203,6 +232,38 @@ _server_limits = _problem(
 def _checked(check: Callable[[Any], Any]) -> Callable[[Any, Any, Any], None]:
     """A check that raises ConfigError (a ValueError), as an attrs validator."""
     return lambda _, __, value: check(value)
+
+
+def _webhook_setting(setting: str, **context: Any) -> Callable[[Any, Any, Any], None]:
+    """A ``webhook_<setting>`` key checked by ``WebhookConfig`` itself (with ``context``, the
+    other settings it needs), its message said of the key."""
+
+    def check(value: Any) -> None:
+        try:
+            WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
+        except ConfigError as exc:
+            raise ConfigError(str(exc).removeprefix(f"{setting} ")) from None
+
+    return _checked(check)
+
+
+def _list_of_names(value: Any) -> Any:
+    # One name or a list of them; what is neither is left to the validator.
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _store_id(value: Any) -> str:
+    # A service may name a store by a number: the body's integer is compared as its digits.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            "must be the value the service sends for this store (a string or an integer), "
+            f"got {value!r}"
+        )
+    return value
 
 
 def _key(
@@ -263,6 +324,16 @@ class StoreOptions:
         parse=lambda v: _table_of(v, _incremental, f"resource = {_INCREMENTAL}")
     )
     webhook_secret_env: str | None = _key(_env_name)
+    webhook_previous_secrets_env: tuple[str, ...] | None = _key(_env_names, parse=_list_of_names)
+    webhook_scheme: str | None = _key(_webhook_setting("scheme"))
+    webhook_encoding: str | None = _key(_webhook_setting("encoding"))
+    webhook_algorithm: str | None = _key(_webhook_setting("algorithm"))
+    webhook_signature_header: str | None = _key(_webhook_setting("signature_header"))
+    webhook_signature_prefix: str | None = _key(_webhook_setting("signature_prefix"))
+    webhook_timestamp_header: str | None = _key(_webhook_setting("timestamp_header"))
+    webhook_id_header: str | None = _key(_webhook_setting("id_header", scheme="standard-webhooks"))
+    webhook_timestamp_tolerance: float | None = _key(_seconds)
+    webhook_store_key: str | None = _key(_nonblank)
     redis: str | None = _key(_checked(lambda v: check_redis_url(v, where="redis")))
 
 
@@ -272,6 +343,7 @@ class StoreTable(StoreOptions):
 
     base_url: str | None = _key(_url)
     token_env: str | None = _key(_env_name)
+    webhook_store_id: str | None = _key(parse=_store_id)
 
 
 class _TableProblems(Exception):
@@ -442,6 +514,23 @@ def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
     return values
 
 
+def _reporter(
+    where: tuple[str, ...], own: StoreTable, problems: list[str]
+) -> Callable[[str, Callable[[], Any]], Any]:
+    """``check(key, test)``: what ``test`` returns, or None with its ConfigError reported under
+    ``key`` where its value came from: the store's own key, or the default's."""
+
+    def check(key: str, test: Callable[[], Any]) -> Any:
+        try:
+            return test()
+        except ConfigError as exc:
+            at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
+            problems.append(f"{_key_path(at)}: {exc}")
+            return None
+
+    return check
+
+
 def _store(
     store_id: str,
     table: Mapping[str, Any],
@@ -457,17 +546,9 @@ def _store(
     where = ("stores", store_id)
     before = len(problems)
     values = _merged(defaults, own)
+    check = _reporter(where, own, problems)
 
-    def check(key: str, test: Callable[[], Any]) -> Any:
-        try:
-            return test()
-        except ConfigError as exc:
-            # Where the value came from: the store's own key, or the default's.
-            at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
-            problems.append(f"{_key_path(at)}: {exc}")
-            return None
-
-    for key in _PER_STORE:
+    for key in _REQUIRED:
         if key not in table:
             problems.append(f"{_key_path(where)}: {key} is required")
     version = values.get("version", DEFAULT_VERSION)
@@ -480,16 +561,8 @@ def _store(
     if own.token_env is not None:
         name = own.token_env
         token = check("token_env", lambda: _token(_from_env(name, env), name)) or ""
-    secret = ""
-    secret_env = values.get("webhook_secret_env")
     # Read only with --listen: a plain sync of the same config must not need a secret.
-    if listen and secret_env is None and "webhook_secret_env" not in table:
-        problems.append(
-            f"{_key_path(where)}: webhook_secret_env is required with --listen (the name of the "
-            "environment variable holding the store's webhook secret)"
-        )
-    elif listen and secret_env is not None:
-        secret = check("webhook_secret_env", lambda: _from_env(secret_env, env))
+    webhook = _webhook(where, table, values, env, problems, check) if listen else None
     try:
         limits = Limits(**values["limits"], discover=True)
     except ConfigError as exc:
@@ -512,10 +585,112 @@ def _store(
         version=version,
         allow_insecure=allow_insecure,
         incremental=incremental,
-        webhook_secret=secret or "",
-        webhook_secret_env=secret_env or "",
+        webhook=webhook,
+        webhook_secret_env=values.get("webhook_secret_env", ""),
         redis=values.get("redis"),
     )
+
+
+def _webhook(
+    where: tuple[str, ...],
+    table: Mapping[str, Any],
+    values: Mapping[str, Any],
+    env: Mapping[str, str],
+    problems: list[str],
+    check: Callable[[str, Callable[[], Any]], Any],
+) -> WebhookConfig | None:
+    """The store's webhook receiver from its ``webhook_*`` keys over ``[defaults]``, its secrets
+    read from the variables they name; None when anything about it is wrong (reported)."""
+    scheme = values.get("webhook_scheme", "hmac")
+
+    def secret(key: str, name: str) -> str | None:
+        value: str | None = check(key, lambda: _webhook_secret(name, env, scheme))
+        return value
+
+    secret_env = values.get("webhook_secret_env")
+    if secret_env is None and "webhook_secret_env" not in table:  # else reported as invalid
+        problems.append(
+            f"{_key_path(where)}: webhook_secret_env is required with --listen (the name of the "
+            "environment variable holding the store's webhook secret)"
+        )
+    secrets = [None if secret_env is None else secret("webhook_secret_env", secret_env)]
+    for name in values.get("webhook_previous_secrets_env", ()):
+        secrets.append(secret("webhook_previous_secrets_env", name))
+    current, *previous = secrets
+    read = current is not None and None not in previous
+    settings = {
+        name: values[f"webhook_{name}"] for name in _WEBHOOK_SETTINGS if f"webhook_{name}" in values
+    }
+    try:
+        # Without its secrets, the settings are still checked together.
+        config = WebhookConfig(current if read else _PROBE_SECRET, **settings)
+    except ConfigError as exc:  # settings that do not go together
+        own = any(f"webhook_{name}" in table for name in _WEBHOOK_SETTINGS)
+        problems.append(f"{_key_path(where if own else ('defaults',))}: {_in_keys(str(exc))}")
+        return None
+    return attrs.evolve(config, previous_secrets=previous) if read else None
+
+
+def _webhook_secret(name: str, env: Mapping[str, str], scheme: Any) -> str:
+    """The secret in variable ``name``, as ``scheme`` reads it (a Standard Webhooks secret must
+    decode), or ConfigError naming the variable, never the secret."""
+    secret = _from_env(name, env)
+    try:
+        WebhookConfig(secret, scheme=scheme)
+    except ConfigError as exc:
+        raise ConfigError(f"{_shown_env(name)}: {exc}") from None
+    return secret
+
+
+def _webhook_key(setting: str) -> str:
+    """The stores.toml key of a ``WebhookConfig`` setting."""
+    return "webhook_previous_secrets_env" if setting == "previous_secrets" else f"webhook_{setting}"
+
+
+_SETTING_RE: Final = re.compile(
+    r"\b(previous_secrets|" + "|".join(name for name in _WEBHOOK_SETTINGS if "_" in name) + r")\b"
+)
+
+
+def _in_keys(message: str) -> str:
+    """A ``WebhookConfig`` message with its settings named as stores.toml keys."""
+    return _SETTING_RE.sub(lambda m: _webhook_key(m[1]), message)
+
+
+def _unselected_webhook(
+    store_id: str, table: Mapping[str, Any], defaults: StoreOptions, env: Mapping[str, str]
+) -> WebhookConfig | None:
+    """The webhook receiver of a store ``--store`` left out, for the binding only: a secret it
+    shares with a selected store would let its deliveries be replayed to that store's URL. Its
+    problems are not this run's: None when it has any."""
+    scratch: list[str] = []
+    where = ("stores", store_id)
+    own = _structure(StoreTable, table, where, scratch)
+    check = _reporter(where, own, scratch)
+    webhook = _webhook(where, table, _merged(defaults, own), env, scratch, check)
+    return None if scratch else webhook
+
+
+def _bind(
+    configs: list[StoreConfig], others: Mapping[str, WebhookConfig], problems: list[str]
+) -> list[StoreConfig]:
+    """``configs`` with their webhook binding said by ``resolve_store_binding``, from the secrets
+    of every store of the file (``others``: those ``--store`` left out); stores that share a
+    secret without distinct ``webhook_store_id`` values are one problem naming the keys."""
+    webhooks = {c.store: c.webhook for c in configs if c.webhook is not None}
+    keys = {key for webhook in webhooks.values() for key in webhook.keys}
+    # Only those sharing a secret with a selected store: the others' problem is not this run's.
+    webhooks.update({s: w for s, w in others.items() if keys & set(w.keys)})
+
+    def key(store: str, setting: str) -> str:
+        return _key_path(("stores", store, _webhook_key(setting)))
+
+    try:
+        bound = resolve_store_binding(webhooks, name=key)
+    except ConfigError as exc:
+        problems.append(str(exc))
+        return configs
+    return [attrs.evolve(c, webhook=bound.get(c.store, c.webhook)) for c in configs]
 
 
 def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
@@ -552,7 +727,9 @@ def load_config(
 
     ``resources`` (from ``--resources``) replaces each store's list; ``only_stores`` (from
     ``--store``) selects stores by id. ``listen`` (``--listen``): each store's webhook secret
-    must be set, and resources without ``incremental`` get ``LISTEN_INCREMENTAL``.
+    must be set, its ``webhook`` is made from its ``webhook_*`` keys with the store binding
+    resolved over every store of the file, and resources without ``incremental`` get
+    ``LISTEN_INCREMENTAL``.
     """
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -584,8 +761,13 @@ def load_config(
             problems.append(f"--store: no store {store_id!r} in {path}")
 
     configs = []
+    others: dict[str, WebhookConfig] = {}
     for store_id, table in stores.items():
         if wanted is not None and store_id not in wanted:
+            if listen and isinstance(table, Mapping):
+                other = _unselected_webhook(store_id, table, defaults, env)
+                if other is not None:
+                    others[store_id] = other
             continue
         where = ("stores", store_id)
         if not isinstance(table, Mapping):
@@ -600,6 +782,8 @@ def load_config(
                 if override_resources is not None:
                     config = attrs.evolve(config, resources=override_resources)
                 configs.append(config)
+    if listen:
+        configs = _bind(configs, others, problems)
     if problems:
         raise ConfigFileError(list(dict.fromkeys(problems)))  # each problem once
     return configs

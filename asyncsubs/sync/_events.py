@@ -6,7 +6,8 @@ number of ``PageCommitted``, ``Retrying`` and ``UnitNote``, then one of ``UnitDo
 reports it (``asyncsubs.limiting.PoolStats``): its counters since the unit started, everything
 else (the pace in force and what set it) as it stands. ``RunStarted`` opens each round of
 every unit (``sync --listen`` runs one after another), ``Message`` is a line about the whole
-sync, and ``WebhookCounts`` a store's webhook counters whenever they change.
+sync, ``WebhookCounts`` a store's webhook counters whenever they change, and ``WebhookRefused``
+the first delivery of a store refused for each reason.
 
 An observer is any callable taking an event; it runs in the event loop, between the sync's
 own steps, so it must not block.
@@ -37,6 +38,7 @@ __all__ = [
     "UnitStarted",
     "UnitStopped",
     "WebhookCounts",
+    "WebhookRefused",
     "learned_changed",
 ]
 
@@ -165,6 +167,21 @@ class WebhookCounts:
     ignored: int = 0
 
 
+@attrs.frozen
+class WebhookRefused:
+    """The first delivery of ``store`` refused for ``reason`` (an ``asyncsubs.webhooks.Refusal``
+    value), answered ``status`` (401, 403 or 400): ``detail`` says what was wrong with it and
+    ``check`` what to check, naming the stores.toml keys. Later refusals of the store for the
+    same reason are only counted (``WebhookCounts``): a sender retrying a thousand deliveries
+    must not flood the output."""
+
+    store: str
+    reason: str
+    status: int
+    detail: str
+    check: str
+
+
 Event: TypeAlias = (
     UnitStarted
     | PageCommitted
@@ -177,5 +194,6 @@ Event: TypeAlias = (
     | RunStarted
     | Message
     | WebhookCounts
+    | WebhookRefused
 )
 Observer: TypeAlias = Callable[[Event], object]

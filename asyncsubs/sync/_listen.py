@@ -1,11 +1,17 @@
 """``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
 
 One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
-its own ``WebhookReceiver`` (its own secret, dedupe window, queue and worker) bound to its store,
-behind one listener's timeouts and caps. A delivery is answered 200 only once it is in the
-database's ``webhook_inbox``; it is removed when applied or dead-lettered, and a restart applies
-what is left, so nothing acknowledged is lost to a crash. Dead letters of earlier runs are
-requeued on start while they have had fewer than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+its own ``WebhookReceiver`` (its own ``WebhookConfig``: secrets, signature scheme, dedupe
+window, queue and worker) serving its store, behind one listener's timeouts and caps. Which
+deliveries are a store's follows ``resolve_store_binding``: with a secret of its own, every
+correctly signed one; with a secret shared by several stores, those whose signed body carries
+the store's ``store_id``. The first refusal of each reason of each store is told as a
+``WebhookRefused`` event saying what to check; the rest are counted (``WebhookCounts``).
+
+A delivery is answered 200 only once it is in the database's ``webhook_inbox``; it is removed
+when applied or dead-lettered, and a restart applies what is left, so nothing acknowledged is
+lost to a crash. Dead letters of earlier runs are requeued on start while they have had fewer
+than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
 
 Events are written through the same sink as pulls (SQLite: its one writer thread), so the two
 never interleave inside a transaction; the upsert's newer-or-equal rule and the deleted ids make
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 from urllib.parse import quote
 
@@ -31,16 +37,19 @@ from aiohttp import web
 from ..errors import ConfigError
 from ..json import dumps
 from ..webhooks import (
+    DeliveryRefused,
     Handler,
     Listener,
     ListenerLimits,
+    Refusal,
     WebhookConfig,
     WebhookEvent,
     WebhookReceiver,
+    resolve_store_binding,
 )
 from ._config import StoreConfig
 from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
-from ._events import Message, Observer, WebhookCounts
+from ._events import Message, Observer, WebhookCounts, WebhookRefused
 from ._schedulers import run_round
 from ._sink import Sink
 
@@ -59,6 +68,34 @@ WEBHOOK_ROUTE: Final = "/webhooks/{store}"
 REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 #: Seconds between looks at the receivers' counters (told only when they changed).
 COUNTS_EVERY: Final = 1.0
+#: The stores.toml keys to check for each reason a delivery is refused (a payload that is
+#: not an event has none: ``sync --listen`` reads ``WebhookConfig``'s default shape).
+KEYS_TO_CHECK: Final[Mapping[Refusal, tuple[str, ...]]] = {
+    Refusal.NO_SIGNATURE: (
+        "webhook_scheme",
+        "webhook_signature_header",
+        "webhook_encoding",
+        "webhook_signature_prefix",
+    ),
+    Refusal.BAD_SIGNATURE: (
+        "webhook_secret_env",
+        "webhook_previous_secrets_env",
+        "webhook_scheme",
+        "webhook_algorithm",
+        "webhook_encoding",
+    ),
+    Refusal.BAD_TIMESTAMP: ("webhook_scheme", "webhook_timestamp_header"),
+    Refusal.STALE_TIMESTAMP: ("webhook_timestamp_tolerance",),
+    Refusal.WRONG_STORE: ("webhook_store_id", "webhook_store_key"),
+}
+
+
+def what_to_check(refusal: Refusal) -> str:
+    """What to check when deliveries are refused for ``refusal``: its hint, and the keys."""
+    keys = KEYS_TO_CHECK.get(refusal)
+    if keys is None:
+        return refusal.hint + '; sync --listen reads the default shape, {"id", "topic", "data"}'
+    return f"{refusal.hint}; in stores.toml: {', '.join(keys)}"
 
 
 class WebhookApplyError(Exception):
@@ -102,6 +139,16 @@ class ListenSync:
         self.observe = observe
         self.engine = SyncEngine(configs, sink, observe, max_stores=max_stores)
         self.limits = limits or ListenerLimits()
+        missing = [config.store for config in configs if config.webhook is None]
+        if missing:
+            raise ConfigError(
+                f"stores {', '.join(missing)} have no webhook config: load_config(listen=True) "
+                "makes it, or give StoreConfig(webhook=WebhookConfig(...))"
+            )
+        # Said here too for configs not from load_config: a shared secret must be bound.
+        self.webhooks = resolve_store_binding(
+            {config.store: config.webhook for config in configs if config.webhook is not None}
+        )
         self.receivers: dict[str, WebhookReceiver] = {}
         self._applied = {config.store: _Applied() for config in configs}
         self._told: dict[str, WebhookCounts] = {}
@@ -119,11 +166,12 @@ class ListenSync:
             raise
         for config in self.configs:
             self.receivers[config.store] = WebhookReceiver(
-                WebhookConfig(config.webhook_secret),
+                self.webhooks[config.store],
                 self._handler(config),
                 store=config.store,
                 inbox=inbox,
                 dead_letters=dead_letters,
+                on_refused=self._refused(config.store),
             )
         return self
 
@@ -149,14 +197,29 @@ class ListenSync:
             self._tell_counts()
             await asyncio.sleep(COUNTS_EVERY)
 
+    def _refused(self, store: str) -> Callable[[DeliveryRefused], None]:
+        told: set[Refusal] = set()
+
+        def tell(refused: DeliveryRefused) -> None:
+            # The first of each reason; WebhookCounts count them all.
+            refusal = refused.refusal
+            if refusal not in told:
+                told.add(refusal)
+                check = what_to_check(refusal)
+                event = WebhookRefused(store, refusal.value, refusal.status, refused.detail, check)
+                self.observe(event)
+
+        return tell
+
     def _handler(self, config: StoreConfig) -> Handler:
         store, sink = config.store, self.sink
         resources = frozenset(config.resources)
         counts = self._applied[store]
 
         async def apply(event: WebhookEvent) -> None:
-            # The store is the one whose URL (and secret) the delivery came through; the
-            # receiver has checked that the signed body names the same store.
+            # The store is the one whose URL the delivery came through: signed with the store's
+            # own secret, or, with a secret shared by several stores, carrying the store's
+            # store_id in its signed body (the receiver has checked which).
             if event.resource not in resources:
                 counts.ignored += 1  # also keeps unknown resources out of the SQL
                 return

@@ -75,7 +75,10 @@ def _aliases(value: object) -> Mapping[str, str]:
 def _by_scheme(hmac_value: Any, timestamped: Any, standard: Any) -> Any:
     """A default that depends on the config's ``scheme`` (declared before it)."""
     values = {"hmac": hmac_value, "timestamped": timestamped, "standard-webhooks": standard}
-    return attrs.Factory(lambda self: values.get(self.scheme, hmac_value), takes_self=True)
+    return attrs.Factory(
+        lambda self: values.get(self.scheme, hmac_value) if isinstance(self.scheme, str) else None,
+        takes_self=True,
+    )
 
 
 @attrs.frozen

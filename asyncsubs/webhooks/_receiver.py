@@ -149,6 +149,11 @@ class WebhookReceiver:
     several stores); with ``shared_secret=False``, all that are signed (a secret of its own);
     not said, those whose body names this ``store`` or no store at all.
 
+    ``on_refused``: called with the ``DeliveryRefused`` (its ``refusal`` and ``detail``) of each
+    delivery refused as 401, 403 or 400, once it is counted, in the task answering it: an event
+    hook for what the WARNING says in a log, e.g. to show refusals in a program's own display.
+    Keep it short (the answer waits for it); what it raises is logged, and the answer stays.
+
     ``inbox``: without one, an accepted event lives in memory until handled, and a crash loses
     it. With one (``SQLiteInbox``), a delivery is acknowledged only once written there; it is
     removed when handled or dead-lettered, and ``start()`` queues again whatever is left.
@@ -167,11 +172,14 @@ class WebhookReceiver:
         inbox: Inbox | None = None,
         dead_letters: DeadLetterStore | None = None,
         clock: Callable[[], float] = time.time,
+        on_refused: Callable[[DeliveryRefused], object] | None = None,
     ) -> None:
         if not isinstance(config, WebhookConfig):
             raise ConfigError(f"config must be a WebhookConfig, got {type(config).__name__}")
         if not callable(handler):
             raise ConfigError("handler must be an async function taking a WebhookEvent")
+        if on_refused is not None and not callable(on_refused):
+            raise ConfigError("on_refused must be a function taking a DeliveryRefused")
         if store is not None and (not isinstance(store, str) or not store):
             raise ConfigError(f"store must be a non-empty string or None, got {store!r}")
         if inbox is not None and not isinstance(inbox, Inbox):
@@ -186,6 +194,7 @@ class WebhookReceiver:
         # Used only when the configured store fails and there is no inbox to keep the event.
         self.unsaved_dead_letters: Final = MemoryDeadLetters()
         self._clock = clock
+        self._on_refused = on_refused
         self._seen = DedupeWindow(config.dedupe_window, config.dedupe_max_entries)
         # Unbounded: accepting checks ``queue_size``, and events resumed from the inbox on
         # start must all fit.
@@ -438,6 +447,11 @@ class WebhookReceiver:
             else "",
             extra={"webhook_store": self.store, "webhook_refusal": refusal.value},
         )
+        if self._on_refused is not None:
+            try:
+                self._on_refused(refused)
+            except Exception:
+                log.exception("webhooks%s: on_refused raised", self._for)
         return _answer(status, _REFUSED_STATES[status], reason=refusal.value)
 
     def _busy(self, state: str) -> web.Response:
