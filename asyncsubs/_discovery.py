@@ -38,6 +38,9 @@ __all__ = [
 FAR_STEP: Final = 2.0
 #: A raise once a refusal is known (a probe) is small: the pool sits just under it.
 NEAR_STEP: Final = 1.05
+#: A refused pool paces this much under what the server evidently allowed: its stamps may come
+#: later than its starts, unevenly, by more than the margin covers.
+UNDER: Final = 0.02
 #: Windows a rate must run clean before the next raise: two far from any refusal (a token
 #: bucket lets a rate above its refill through until it is empty: one twice the limit for a
 #: window of a bucket of a window's tokens), more near one (a rate a little above the server's
@@ -139,15 +142,17 @@ class RateSearch:
 
     - **Raise** after clean time at saturation: starts that each waited for their slot (the
       pool, not the caller, was the bottleneck; a start that did not wait begins the count
-      anew) for a whole window (five once a refusal is known), without a 429 or an announced
+      anew) for two windows (five once a refusal is known), without a 429 or an announced
       limit. Far from any refusal it doubles; once one is known it steps 5% (a probe).
-    - **429**: at least 5% under the refused rate, no faster than the server evidently allowed
-      in the window before (the starts this loop saw accepted; when other processes pace the
-      pool too, fewer than the last clean rate needs means theirs went unseen, and only halving
-      counts), no faster than halfway back to the highest rate below it that ran clean and
-      never below that; then a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row,
-      before the next raise. A refused rate that later runs clean is forgotten: the server
-      changed.
+    - **429 to a rate that ran clean**: 5% under it (at the server's edge: a stamp delayed
+      into the next window, where the window's count would say a start too few).
+    - **429 to a raise**: at least 5% under the refused rate, 2% under what the server
+      evidently allowed in the window before (the starts this loop saw accepted; when other
+      processes pace the pool too, fewer than the last clean rate needs means theirs went
+      unseen, and only halving counts), no faster than halfway back to the highest rate below
+      it that ran clean, and not below just under that one.
+    - After a 429, a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row, before the
+      next raise. A refused rate that later runs clean is forgotten: the server changed.
     - **Announced** limits replace the search (``announce``).
     """
 
@@ -218,6 +223,14 @@ class RateSearch:
         if self.announced:
             return
         paced = self.rate
+        if self.good is not None and paced <= self.good:
+            # A rate that ran clean for windows, refused now: at the server's edge (a stamp
+            # delayed into the next window), not far above it; the window's count would say
+            # a start too few (one of two at 2/s). One step down.
+            self._goods = [rate for rate in self._goods if rate < paced]
+            self.good = self._goods[-1] if self._goods else None
+            self._refuse(now, paced, paced / (1 + SLOWDOWN_STEP))
+            return
         # A rate refused is no longer one that ran clean (a token bucket let it through for a
         # while), nor is one above what the server just accepted of all the pool's starts (it
         # lowered its limit): the highest one below both is.
@@ -228,10 +241,14 @@ class RateSearch:
         # Counted from this process's starts alone, fewer than a rate that ran clean needs
         # means other workers' went unseen: only the rate that ran clean bounds the limit.
         if allowed is not None and (every_start or good is None or allowed >= good):
-            rate = min(rate, allowed)
+            rate = min(rate, allowed / (1 + UNDER))
         if good is not None:
-            rate = max(good, min(rate, (good + paced) / 2))
+            # Never below the rate that ran clean, just under it: it may have run at the edge.
+            rate = max(good / (1 + UNDER), min(rate, (good + paced) / 2))
         self.good = good
+        self._refuse(now, paced, rate)
+
+    def _refuse(self, now: float, paced: float, rate: float) -> None:
         self.refused = paced if self.refused is None else min(self.refused, paced)
         self.strikes += 1
         self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))

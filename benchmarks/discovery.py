@@ -216,6 +216,7 @@ def steady(report: Report, minutes: float) -> None:
             inbound_delay=(0.010, 0.030),
             latency=LATENCY,
             make_records=True,
+            start_timeout=300.0,  # millions of records to make first
         ) as remote,
         concurrent.futures.ThreadPoolExecutor(len(stores)) as pool,
     ):

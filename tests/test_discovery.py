@@ -154,11 +154,12 @@ async def test_a_429_sets_the_rate_to_what_the_server_allowed_then_holds(
     run = await pull(sl, SlidingWindow(10), PROBE_HOLD - 30)
     assert len(run.refusals) == 1  # the ramp's step to 16/s, answered with the 10 it accepted
     pool = sl.stats().pools[ORDERS]
-    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10.0, "429", 16.0)
+    # Just under the 10 it accepted in the window before the refused start.
+    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10 / 1.02, "429", 16.0)
     assert run.rates[-1][0] == run.refusals[0]  # no raise during the hold
-    # From the first minute on, the pool runs at the rate less the 2% margin, with no 429.
+    # From then on, the pool runs at that rate less the 2% margin, with no 429.
     start = run.refusals[0] + 2
-    assert achieved(run.accepted, start, start + 200) == pytest.approx(10 / 1.02, rel=0.005)
+    assert achieved(run.accepted, start, start + 200) == pytest.approx(10 / 1.02**2, rel=0.005)
 
 
 class ServerWindow:
@@ -179,7 +180,9 @@ async def test_every_window_flavour_is_found_with_few_429s(
 ) -> None:
     sl = bind(discovering())
     run = await pull(sl, ServerWindow(window, n), 120)  # type: ignore[arg-type]
-    assert len(run.refusals) <= 4
+    # A token bucket lets a rate above its refill run clean until its reserve is spent, so the
+    # rates just above its limit look clean for a while: a probe more.
+    assert len(run.refusals) <= (5 if window == "leaky" else 4)
     rate = sl.stats().pools[ORDERS].rate
     assert 0.9 * n <= rate <= 1.0 * n
     start = run.accepted[-1] - 60
@@ -192,7 +195,7 @@ async def test_probes_after_the_hold_grow_rarer_at_the_same_level(clock: Virtual
     gaps = [b - a for a, b in itertools.pairwise(run.refusals)]
     # 5, 10 and 20 minutes (and the probe's own clean windows) between refusals.
     assert gaps == pytest.approx([PROBE_HOLD, 2 * PROBE_HOLD, 4 * PROBE_HOLD], abs=15.0)
-    assert sl.stats().pools[ORDERS].rate == pytest.approx(10.0)
+    assert sl.stats().pools[ORDERS].rate == pytest.approx(10 / 1.02, rel=0.03)
     assert len(run.refusals) <= 1 + 40 // 10  # at most one 429 per ten minutes after the first
 
 
@@ -215,7 +218,7 @@ async def test_a_server_that_lowers_its_limit_costs_two_429s(clock: VirtualClock
     server.n = 5  # mid-window: the first 429's window still holds starts it took at 10/s
     run = await pull(sl, server, 120)
     assert len(run.refusals) == 2
-    assert sl.stats().pools[ORDERS].rate == pytest.approx(5.0)
+    assert sl.stats().pools[ORDERS].rate == pytest.approx(5 / 1.02)
 
 
 async def test_an_announced_quota_replaces_the_search(clock: VirtualClock) -> None:
@@ -246,11 +249,13 @@ def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_star
     search.refused_at(1.0, allowed=None)
     assert search.rate == 10.0
     search.rate = 8.0
-    search.refused_at(2.0, allowed=None)  # the rate that ran clean was refused: the one below
-    assert (search.good, search.rate) == (4.0, 6.0)
+    # The rate that ran clean was refused: at the server's edge, one step down from it, and
+    # the rate that ran clean before it is the floor now.
+    search.refused_at(2.0, allowed=None)
+    assert (search.good, search.rate) == (4.0, 8 / 1.05)
     # Counted from every start of the pool: the server evidently lowered its limit.
     search.refused_at(3.0, allowed=4.5)
-    assert (search.good, search.rate) == (4.0, 4.5)
+    assert (search.good, search.rate) == (4.0, 4.5 / 1.02)
     for now in range(4, 60):
         search.refused_at(float(now), allowed=None)
     assert search.rate == 1.0  # a quarter of the start at least
@@ -281,7 +286,7 @@ async def test_an_export_imported_starts_the_next_client_where_the_first_stopped
     assert not run.refusals  # no probing 429 the second time: the hold came along
     assert achieved(run.accepted, run.accepted[0], run.accepted[0] + 10) > 0.93 * 10
     pool = second.stats.pools[ORDERS]
-    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10.0, "remembered", 16.0)
+    assert (pool.rate, pool.rate_by, pool.ceiling_found) == (10 / 1.02, "remembered", 16.0)
     assert saved["pools"][ORDERS]["hold_until"] > time.time() + PROBE_HOLD - 120
 
 
@@ -318,7 +323,7 @@ async def test_loops_of_one_process_share_what_a_pool_learned(clock: VirtualCloc
     other = StoreLimiter("acme", discovering(), limiter._backend, bind(discovering()).jitter)
     run = await pull(other, server, 30)
     assert not run.refusals
-    assert run.rates[0][1] == 10.0
+    assert run.rates[0][1] == 10 / 1.02
 
 
 def test_two_records_changed_at_once_keep_the_lower_rate_and_all_page_evidence() -> None:
