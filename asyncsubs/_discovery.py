@@ -144,8 +144,10 @@ class RateSearch:
       pool, not the caller, was the bottleneck; a start that did not wait begins the count
       anew) for two windows (five once a refusal is known), without a 429 or an announced
       limit. Far from any refusal it doubles; once one is known it steps 5% (a probe).
-    - **429 to a rate that ran clean**: 5% under it (at the server's edge: a stamp delayed
-      into the next window, where the window's count would say a start too few).
+    - **429 to a rate that ran clean**: another 2% under it (at the server's edge: the stamps'
+      spread outgrew the margin, and the window's count would say a start too few); 5% for
+      another such 429 before the next raise (a leaky bucket lets a rate above its leak run
+      clean until it fills).
     - **429 to a raise**: at least 5% under the refused rate, 2% under what the server
       evidently allowed in the window before (the starts this loop saw accepted; when other
       processes pace the pool too, fewer than the last clean rate needs means theirs went
@@ -158,6 +160,7 @@ class RateSearch:
 
     __slots__ = (
         "_clean",
+        "_edge",
         "_goods",
         "_run_since",
         "announced",
@@ -185,6 +188,7 @@ class RateSearch:
         self.strikes, self.hold_until, self.announced = 0, -math.inf, False
         self.changed_at, self._clean, self._run_since = -math.inf, 0, -math.inf
         self._goods: list[float] = []  # every rate that ran clean, ascending: ``good`` is last
+        self._edge = 0  # rates that ran clean refused since the last raise
 
     def pace(self) -> Rate:
         return rate_of(self.rate, self.window)
@@ -214,6 +218,7 @@ class RateSearch:
             return False
         rate = self.rate * (FAR_STEP if self.refused is None else NEAR_STEP)
         self._set(now, min(self.ceiling, rate), "probe")
+        self._edge = 0
         return True
 
     def refused_at(self, now: float, allowed: float | None, *, every_start: bool = True) -> None:
@@ -224,12 +229,15 @@ class RateSearch:
             return
         paced = self.rate
         if self.good is not None and paced <= self.good:
-            # A rate that ran clean for windows, refused now: at the server's edge (a stamp
-            # delayed into the next window), not far above it; the window's count would say
-            # a start too few (one of two at 2/s). One step down.
+            # A rate that ran clean for windows, refused now: at the server's edge (the stamps'
+            # spread outgrew the margin), not far above it; the window's count would say a
+            # start too few (one of two at 2/s). The margin grows by one more UNDER; by a
+            # slowdown's step for a second such refusal since the last raise (a leaky bucket
+            # lets a rate above its leak run clean until it fills).
             self._goods = [rate for rate in self._goods if rate < paced]
             self.good = self._goods[-1] if self._goods else None
-            self._refuse(now, paced, paced / (1 + SLOWDOWN_STEP))
+            self._refuse(now, paced, paced / (1 + (SLOWDOWN_STEP if self._edge else UNDER)))
+            self._edge += 1
             return
         # A rate refused is no longer one that ran clean (a token bucket let it through for a
         # while), nor is one above what the server just accepted of all the pool's starts (it

@@ -183,10 +183,12 @@ async def test_every_window_flavour_is_found_with_few_429s(
     # A token bucket lets a rate above its refill run clean until its reserve is spent, so the
     # rates just above its limit look clean for a while: a probe more.
     assert len(run.refusals) <= (5 if window == "leaky" else 4)
+    # The pool's rate may sit a margin above n where the pull's own pauses keep its starts
+    # under n (a token bucket then never refuses it); what the server sees stays under n.
     rate = sl.stats().pools[ORDERS].rate
-    assert 0.9 * n <= rate <= 1.0 * n
+    assert 0.9 * n <= rate <= 1.02 * n
     start = run.accepted[-1] - 60
-    assert achieved(run.accepted, start, start + 60) >= 0.9 * n
+    assert 0.9 * n <= achieved(run.accepted, start, start + 60) <= n
 
 
 async def test_probes_after_the_hold_grow_rarer_at_the_same_level(clock: VirtualClock) -> None:
@@ -249,10 +251,10 @@ def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_star
     search.refused_at(1.0, allowed=None)
     assert search.rate == 10.0
     search.rate = 8.0
-    # The rate that ran clean was refused: at the server's edge, one step down from it, and
-    # the rate that ran clean before it is the floor now.
+    # The rate that ran clean was refused: at the server's edge, a margin's step down from
+    # it, and the rate that ran clean before it is the floor now.
     search.refused_at(2.0, allowed=None)
-    assert (search.good, search.rate) == (4.0, 8 / 1.05)
+    assert (search.good, search.rate) == (4.0, 8 / 1.02)
     # Counted from every start of the pool: the server evidently lowered its limit.
     search.refused_at(3.0, allowed=4.5)
     assert (search.good, search.rate) == (4.0, 4.5 / 1.02)
