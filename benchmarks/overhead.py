@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
@@ -52,9 +54,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from asyncsubs import AdminClient
-from asyncsubs._protocol import RawResponse, Request
+from asyncsubs._protocol import RawResponse, Request, build_request, parse_page, request_headers
+from asyncsubs._transport import AiohttpTransport
 
 from ._canned import canned_server, fast_server
 from ._common import LOOSE_LIMITS, Report, loops, median, pages_of, run
@@ -390,18 +394,154 @@ def bench(report: Report) -> None:
     )
 
 
-def profile(report: Report, pages: int = 2000) -> None:
-    """pyinstrument over the default-model, prefetch=0 client pages from the fast server
-    (``--profile``)."""
-    from pyinstrument import Profiler
+async def _read_pages(base_url: str, decode: Callable[[bytes], Any]) -> AsyncGenerator[int, None]:
+    """Pages with aiohttp, each read and decoded by ``decode`` (``None``: not decoded, the
+    cursor found at the end of the body), and held until the next, as a consumer holds it."""
+    url = f"{base_url}/admin/2026-04/subscriptions"
+    headers = {"X-Service-Token": "token", "Accept": "application/json"}
+    async with aiohttp.ClientSession() as session:
+        params = {"pageSize": str(PAGE_SIZE)}
+        while True:
+            async with session.get(url, params=params, headers=headers) as response:
+                body = await response.read()
+            _held = decode(body)  # until the next page, as a consumer holds its page
+            params["afterCursor"] = _CURSOR.findall(body[-200:])[-1].decode()
+            yield PAGE_SIZE
 
-    async def pull(base_url: str) -> None:
-        async with contextlib.aclosing(client_pages(base_url, model=None, prefetch=0)) as source:
-            await take(source, pages)
 
+async def _transport_pages(base_url: str) -> AsyncGenerator[int, None]:
+    """Pages through the client's request building, transport and ``parse_page``."""
+    transport = AiohttpTransport(max_response_bytes=1 << 25)
+    base, headers = f"{base_url}/admin/2026-04/", request_headers("token")
+    params: dict[str, Any] = {"pageSize": PAGE_SIZE}
+    try:
+        while True:
+            request = build_request(
+                base, "token", "GET", "subscriptions", params=params, headers=headers
+            )
+            raw = await transport.send(request, timeout=30.0)
+            envelope = parse_page("GET", "subscriptions", raw)
+            params["afterCursor"] = envelope.next_cursor
+            yield len(envelope.data)
+    finally:
+        await transport.aclose()
+
+
+async def _call_pages(base_url: str) -> AsyncGenerator[int, None]:
+    """Pages through the client's call path (``_get_page``: limiter, telemetry, retries)."""
+    async with AdminClient(
+        token="token", base_url=base_url, store="profile", limits=LOOSE_LIMITS
+    ) as client:
+        params: dict[str, Any] = {"pageSize": PAGE_SIZE}
+        while True:
+            envelope = await client._get_page("subscriptions", params)
+            params["afterCursor"] = envelope.next_cursor
+            yield len(envelope.data)
+
+
+_CURSOR = re.compile(rb'"nextCursor":"([^"]*)"')
+#: The steps from aiohttp alone to the client's default pull: each adds one part to the step it
+#: builds on (named after it).
+STEPS: dict[str, tuple[Source, str | None]] = {
+    "1 aiohttp get + read, no decoding": (lambda u: _read_pages(u, len), None),
+    "2 json.loads: the baseline": (lambda u: _read_pages(u, json.loads), "1"),
+    "3 msgspec instead": (lambda u: _read_pages(u, msgspec.json.decode), "1"),
+    "4 client: request building, transport, parse_page": (_transport_pages, "3"),
+    "5 the call path (limiter, telemetry, retries)": (_call_pages, "4"),
+    "6 pagination: list(model=dict).pages()": (
+        lambda u: client_pages(u, model=dict, prefetch=0),
+        "5",
+    ),
+    "7 structuring: list().pages(), models": (
+        lambda u: client_pages(u, model=None, prefetch=0),
+        "6",
+    ),
+}
+
+
+async def _step_costs(base_url: str, turns: int) -> dict[str, list[tuple[float, float]]]:
+    """Each step's (CPU us, wall us) per page in each turn: one process, the collector off and
+    every turn after a full collection (untimed), ten-page turns rotated."""
+    names = list(STEPS)
+    costs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    async with contextlib.AsyncExitStack() as stack:
+        sources = {
+            n: await stack.enter_async_context(aclosing(STEPS[n][0](base_url))) for n in names
+        }
+        for source in sources.values():
+            await take(source, WARM_UP_PAGES)
+        gc.disable()
+        try:
+            for turn in range(turns):
+                for name in [*names[turn % len(names) :], *names[: turn % len(names)]]:
+                    gc.collect()
+                    seconds, cpu_seconds = await take(sources[name], 10)
+                    costs[name].append((cpu_seconds / 10 * 1e6, seconds / 10 * 1e6))
+        finally:
+            gc.enable()
+    return costs
+
+
+def _collector_cost(conn: Connection, name: str, base_url: str, pages: int) -> None:
+    """In a process of its own: CPU us per page, and the collector's share of it, of a pull."""
+    collecting = [0.0, 0.0]  # CPU seconds in collections, and when the current one began
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting[1] = time.process_time()
+        else:
+            collecting[0] += time.process_time() - collecting[1]
+
+    async def pull() -> tuple[float, float]:
+        async with aclosing(SOURCES[name](base_url)) as source:
+            await take(source, WARM_UP_PAGES)
+            gc.callbacks.append(timed)
+            _, cpu = await take(source, pages)
+            gc.callbacks.remove(timed)
+        return cpu / pages * 1e6, collecting[0] / pages * 1e6
+
+    with conn:
+        conn.send(run(pull))
+
+
+def profile(report: Report) -> None:
+    """Where the microseconds of a 100-record page go, against the fast server (``--profile``):
+    :data:`STEPS` in one process with the collector off, then the collector's cost in a pull of
+    the baseline and of the client, each in a process of its own."""
+    turns, pages = (30, 500) if report.quick else (300, 2000)
+    context = multiprocessing.get_context("spawn")
     with fast_server(PAGE_SIZE) as server:
-        profiler = Profiler(interval=0.0005)
-        profiler.start()
-        run(lambda: pull(server["base_url"]))
-        profiler.stop()
-    report.say(profiler.output_text(unicode=False, color=False, show_all=False))
+        os.sched_setaffinity(0, {_cores(server["pid"]) or 0})
+        costs = run(lambda: _step_costs(server["base_url"], turns))
+        collected = {}
+        for name in (BASELINE, NO_SDK):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_collector_cost, args=(sender, name, server["base_url"], pages)
+            )
+            with _environment(PYTHONHASHSEED="0"):
+                process.start()
+            sender.close()
+            collected[name] = receiver.recv()
+            process.join()
+    report.say(
+        f"  where a page's time goes ({server['name']}, asyncio): {turns} turns x 10 pages each,"
+        " one process, the collector off (a full collection before each turn, untimed); medians"
+        " over the turns of CPU (this process) and wall time (which adds the server's and the"
+        " network's), and of each step's difference from the one it builds on in the same turn"
+    )
+    by_number = {name.split()[0]: name for name in STEPS}
+    rows = []
+    for name, (_, base) in STEPS.items():
+        turns_cpu, turns_wall = zip(*costs[name], strict=True)
+        added = ""
+        if base is not None:  # paired by turn: the machine's speed moves between turns
+            pairs = zip(turns_cpu, (c for c, _ in costs[by_number[base]]), strict=True)
+            added = f"{median([a - b for a, b in pairs]):+,.0f}"
+        rows.append([name, median(turns_cpu), median(turns_wall), added, base or ""])
+    report.table(["step", "CPU us/page", "wall us/page", "adds CPU us/page", "to step"], rows)
+    report.say(f"  the collector, default settings, {pages:,} pages each in a process of its own:")
+    report.table(
+        ["source", "CPU us/page", "of which the collector"],
+        [[name, cpu, gc_us] for name, (cpu, gc_us) in collected.items()],
+    )
