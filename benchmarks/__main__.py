@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="short durations (smoke run)")
     parser.add_argument(
-        "--profile", action="store_true", help="also print a pyinstrument profile (overhead)"
+        "--profile",
+        action="store_true",
+        help="also print where a page's microseconds go (overhead)",
     )
     parser.add_argument("--markdown", metavar="PATH", help="also write the output as Markdown")
     args = parser.parse_args(argv)

@@ -1,10 +1,14 @@
-"""A server that is never the bottleneck: one canned page of records, a fresh cursor each time.
+"""Servers that are never the bottleneck: one canned page of records, a fresh cursor each time.
 
-It runs in its own process on a bare ``asyncio.Protocol`` (uvloop when installed), answers every
-request on a keep-alive connection with the same ``records``-record page of realistic
-subscription records (from the fake server's data) and ``hasNextPage: true`` with a new
-``nextCursor``, so a client paginates through it for as long as it likes. The request line and
-headers are not even parsed beyond finding their end: this server measures the client.
+Each answers every request on a keep-alive connection with the same ``records``-record page of
+realistic subscription records (from the fake server's data) and ``hasNextPage: true`` with a
+new ``nextCursor``, so a client paginates through it for as long as it likes.
+
+- :func:`canned_server`: a process of its own on a bare ``asyncio.Protocol`` (uvloop when
+  installed); the request line and headers are not even parsed beyond finding their end.
+- :func:`nginx_server`: nginx, one worker, a temporary configuration; the page is a static
+  file and ``sub_filter`` writes ``$request_id`` into its cursor, so the body goes out chunked.
+- :func:`fast_server`: nginx when one is installed, else the canned server.
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -72,7 +82,7 @@ def _child(conn: Connection, records: int, use_uvloop: bool) -> None:
 
 @contextlib.contextmanager
 def canned_server(records: int = 100, *, use_uvloop: bool = True) -> Iterator[dict[str, Any]]:
-    """Start the canned server in a spawned process; yields ``{"base_url", "pid"}``."""
+    """Start the canned server in a spawned process; yields ``{"base_url", "pid", "name"}``."""
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(
@@ -84,8 +94,105 @@ def canned_server(records: int = 100, *, use_uvloop: bool = True) -> Iterator[di
         if not receiver.poll(30):
             raise RuntimeError("canned server did not start within 30 s")
         port = receiver.recv()
-        yield {"base_url": f"http://127.0.0.1:{port}", "pid": process.pid}
+        yield {"base_url": f"http://127.0.0.1:{port}", "pid": process.pid, "name": "canned server"}
     finally:
         receiver.close()
         process.kill()
         process.join(5)
+
+
+#: Where nginx is looked for besides PATH (Debian installs it in sbin, often not on a user's PATH).
+_NGINX_DIRS = ("/usr/sbin", "/usr/local/sbin")
+_CURSOR_MARK = "@@cursor@@"  # in the static page; sub_filter matches it case-insensitively
+_NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/tmp;
+    proxy_temp_path {root}/tmp;
+    fastcgi_temp_path {root}/tmp;
+    uwsgi_temp_path {root}/tmp;
+    scgi_temp_path {root}/tmp;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root}/pages;
+        location / {{
+            default_type application/json;
+            sub_filter_types application/json;
+            sub_filter '{mark}' '$request_id';
+        }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str | None:
+    """The nginx executable on PATH (or in sbin), if any."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), *_NGINX_DIRS])
+    return shutil.which("nginx", path=path)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def nginx_server(records: int = 100, *, binary: str | None = None) -> Iterator[dict[str, Any]]:
+    """nginx serving the canned page at every path under ``/admin/2026-04/``; yields
+    ``{"base_url", "pid", "name"}``. Raises RuntimeError if there is no nginx or it fails."""
+    binary = binary or nginx_binary()
+    if binary is None:
+        raise RuntimeError("nginx is not installed")
+    with tempfile.TemporaryDirectory(prefix="asyncsubs-nginx-") as root:
+        pages = os.path.join(root, "pages", "admin", "2026-04")
+        os.makedirs(pages)
+        os.makedirs(os.path.join(root, "tmp"))
+        with open(os.path.join(pages, "subscriptions"), "wb") as f:
+            f.write(page_prefix(records) + _CURSOR_MARK.encode() + b'"}}')
+        port = _free_port()
+        conf = os.path.join(root, "nginx.conf")
+        with open(conf, "w", encoding="ascii") as f:
+            f.write(_NGINX_CONF.format(root=root, port=port, mark=_CURSOR_MARK))
+        log = os.path.join(root, "error.log")
+        args = [binary, "-p", root, "-c", conf, "-e", log]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                    break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    with open(log, encoding="utf-8", errors="replace") as errors:
+                        raise RuntimeError(f"nginx did not start: {errors.read()[-500:]}")
+                time.sleep(0.05)
+            name = f"nginx {_nginx_version(binary)}, one worker"
+            yield {"base_url": f"http://127.0.0.1:{port}", "pid": process.pid, "name": name}
+        finally:
+            process.kill()
+            process.wait(5)
+
+
+def _nginx_version(binary: str) -> str:
+    shown = subprocess.run([binary, "-v"], capture_output=True, text=True, check=False).stderr
+    return shown.strip().rpartition("/")[2] or "?"
+
+
+@contextlib.contextmanager
+def fast_server(records: int = 100) -> Iterator[dict[str, Any]]:
+    """:func:`nginx_server` when nginx is installed, else :func:`canned_server`."""
+    if nginx_binary() is not None:
+        with nginx_server(records) as server:
+            yield server
+    else:
+        with canned_server(records) as server:
+            yield server

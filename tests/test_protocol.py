@@ -279,6 +279,26 @@ def test_a_lone_surrogate_is_not_json_on_either_decoder() -> None:
             _json.loads(body)
     pair = b'{"n": 18446744073709551617, "c": "\\ud83d\\ude00"}'
     assert _json.loads(pair)["c"] == "\U0001f600"
+    # Refused wherever it is, also where a later duplicate key replaces it.
+    with pytest.raises(ValueError, match="surrogate"):
+        _json.loads(b'{"c": "\\ud800", "c": 1, "n": 18446744073709551617}')
+
+
+def test_json_is_read_to_1024_levels_however_deep_the_caller_is() -> None:
+    def called_at(depth: int, body: bytes) -> object:
+        return called_at(depth - 1, body) if depth else _json.loads(body)
+
+    deep = b"[" * 1_020 + b"1" + b"]" * 1_020
+    level = called_at(400, deep)
+    for _ in range(1_020):
+        assert isinstance(level, list)
+        level = level[0]
+    assert level == 1
+    with pytest.raises(ValueError, match="depth"):
+        called_at(400, b"[" * 1_025 + b"]" * 1_025)
+    # Too deep for msgspec and holding what orjson would round: refused, never rounded.
+    with pytest.raises(ValueError, match="nested too deeply"):
+        called_at(400, deep.replace(b"1", b"18446744073709551617"))
 
 
 def test_integers_beyond_64_bits_stay_exact() -> None:
