@@ -463,6 +463,37 @@ incremental.orders = { param = "updatedAtMin", field = "updatedAt" }
     assert "g-2" not in repr(globex)
 
 
+def test_config_page_size_max_learns_where_defaults_pin_a_size(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        """
+[defaults]
+page_size = 200
+[stores.acme]
+base_url = "https://acme.example"
+token_env = "ACME_TOKEN"
+[stores.globex]
+base_url = "https://globex.example"
+token_env = "ACME_TOKEN"
+page_size = "max"
+[stores.initech]
+base_url = "https://initech.example"
+token_env = "ACME_TOKEN"
+page_size = "largest"
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"ACME_TOKEN": "a-1"})
+    assert info.value.problems == (
+        'stores.initech.page_size: must be a whole number >= 1 or "max" (the largest page, '
+        "learned), got 'largest'",
+    )
+    path.write_text(path.read_text().replace('"largest"', "50"), encoding="utf-8")
+    sizes = [c.page_size for c in load_config(path, {"ACME_TOKEN": "a-1"})]
+    assert sizes == [200, "max", 50]
+
+
 def test_config_collects_every_problem(tmp_path: Path) -> None:
     path = tmp_path / "stores.toml"
     path.write_text(

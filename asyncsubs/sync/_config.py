@@ -202,6 +202,10 @@ _whole_number = _problem(
     lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
     "must be a whole number >= 1, got {value!r}",
 )
+_page_size = _problem(
+    lambda v: v == "max" or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+    'must be a whole number >= 1 or "max" (the largest page, learned), got {value!r}',
+)
 _seconds = _problem(
     lambda v: _number(v) and 0 < v < float("inf"), "must be a number of seconds > 0, got {value!r}"
 )
@@ -314,7 +318,7 @@ class StoreOptions:
     """What ``[defaults]`` may set, and each store over it."""
 
     resources: tuple[str, ...] | None = _key(parse=_resources)
-    page_size: int | None = _key(_whole_number)
+    page_size: int | Literal["max"] | None = _key(_page_size)
     max_attempts: int | None = _key(_whole_number)
     timeout: float | None = _key(_seconds)
     version: str | None = _key(_checked(check_version))
