@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ._config import Limits, RetryPolicy, check_binding, positive_int, positive_number
-from ._discovery import PageSizeSearch, export_learned, import_learned
+from ._discovery import Learned, PageSizeSearch, export_learned, import_learned
 from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
 from ._pagination import ListEndpoint
@@ -152,10 +152,12 @@ class AdminClient:
         self._on_retry = on_retry
         self._limiter = limiter
         self._store_limiter: StoreLimiter | None = None
-        # What an earlier client learned (export_learned()), given to the limiter on first use.
+        # What an earlier client learned (export_learned()), given to the limiter on first use,
+        # aged by the time until then.
         self._learned = (
             None if learned is None else import_learned(learned, self._base, store, time.time())
         )
+        self._learned_at = time.monotonic()
         self._user_agent = USER_AGENT if user_agent is None else f"{user_agent} {USER_AGENT}"
         self._headers = request_headers(self._token, self._user_agent)
         self._telemetry = telemetry_for(
@@ -242,7 +244,7 @@ class AdminClient:
             self._store_limiter = limiter.bind(self.store, self.limits)
             self._telemetry.observe(self._store_limiter)
             if self._learned is not None:
-                self._store_limiter.restore(self._learned)
+                self._store_limiter.restore(self._imported())
         return self._store_limiter
 
     def export_learned(self) -> dict[str, Any]:
@@ -250,8 +252,13 @@ class AdminClient:
         JSON-ready data: pass it as ``AdminClient(learned=...)`` to a later client of the same
         store and base URL, which then starts from it (README, "Discovery")."""
         bound = self._store_limiter
-        records = (self._learned or {}) if bound is None else bound.learned()
+        records = self._imported() if bound is None else bound.learned()
         return export_learned(self._base, self.store, records, time.time())
+
+    def _imported(self) -> dict[str, Learned]:
+        """The records imported, aged by the time since."""
+        elapsed = time.monotonic() - self._learned_at
+        return {key: record.aged(elapsed) for key, record in (self._learned or {}).items()}
 
     async def _page_sizes(self, path: str) -> PageSizeSearch:
         return await self._bound_limiter().page_sizes(path)

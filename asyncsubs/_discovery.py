@@ -59,7 +59,7 @@ LEARNED_MAX_AGE: Final = 86_400.0
 #: rung is not about the page size.
 FIRST_PAGE_ASK: Final = 1_000
 MAX_PAGE_ASK: Final = 10_000
-PAGE_LADDER: Final = (10_000, 5_000, 2_500, 1_000, 500, 250, 100, 50)
+PAGE_LADDER: Final = (MAX_PAGE_ASK, 5_000, 2_500, 1_000, 500, 250, 100, 50)
 #: Narrowing stops once the refused size is within this share of the accepted one.
 PAGE_TOLERANCE: Final = 0.02
 
@@ -113,6 +113,10 @@ class Learned:
 
     def expired(self) -> bool:
         return self.age > LEARNED_MAX_AGE
+
+    def aged(self, seconds: float) -> Learned:
+        """The record ``seconds`` later: its hold shorter, its age longer."""
+        return attrs.evolve(self, hold=max(0.0, self.hold - seconds), age=self.age + seconds)
 
 
 def merged(mine: Learned, theirs: Learned) -> Learned:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import threading
 import time
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -115,9 +116,7 @@ class MemoryPacing:
         if current is None:
             return 0, None, False
         shared_version, record, at = current
-        elapsed = now - at
-        hold, age = max(0.0, record.hold - elapsed), record.age + elapsed
-        return shared_version, attrs.evolve(record, hold=hold, age=age), written
+        return shared_version, record.aged(now - at), written
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         with self._lock:
@@ -144,6 +143,11 @@ class _Pool:
         self.repaced_at = -math.inf
         self.counted = deque[float](maxlen=0 if search is None else 2 * search.most + 2)
 
+    @property
+    def announced(self) -> bool:
+        """Paced by a quota the server announced."""
+        return self.rate is not self.configured if self.search is None else self.search.announced
+
 
 #: The fields of PoolStats that a _Pool holds under the same names.
 _COUNTED = (
@@ -155,13 +159,15 @@ _COUNTED = (
 class _Learning:
     """What one pool (or list path) of a store learned in this loop, and its shared version."""
 
-    __slots__ = ("pages", "search", "seeded", "synced", "version")
+    __slots__ = ("again", "pages", "search", "seeded", "sync", "synced", "version")
 
     def __init__(self, search: RateSearch | None) -> None:
         self.search, self.pages = search, PageSizeSearch()
         self.version: int | None = None  # None: the shared record not read yet
         self.synced: Learned | None = None  # the record as last exchanged
         self.seeded = False  # restored from an import: the shared record, if any, wins
+        self.sync: asyncio.Task[None] | None = None  # the exchange with the backend running
+        self.again = False  # another asked for while it runs
 
     def snapshot(self, now: float) -> Learned:
         rate = {} if self.search is None else self.search.snapshot(now)
@@ -226,6 +232,7 @@ class StoreLimiter:
         self._global = self._pools["global"]
         self._background: set[asyncio.Task[None]] = set()  # pauses and learning being shared
         self._exchange = getattr(backend, "exchange", None)
+        self._sharers = getattr(backend, "sharers", None)
         self._sync_at = -math.inf
 
     def _pool(self, pool: str) -> _Pool:
@@ -243,8 +250,7 @@ class StoreLimiter:
         pools: dict[str, PoolStats] = {}
         for name, p in self._pools.items():
             learning, search = self._learning.get(name), p.search
-            rate_by = search.by if search is not None else "configured"
-            rate_by = "server" if p.rate is not p.configured and search is None else rate_by
+            rate_by = search.by if search is not None else "server" if p.announced else "configured"
             pools[name] = PoolStats(
                 **{f: getattr(p, f) for f in _COUNTED},
                 rate=p.rate.per_second,
@@ -265,7 +271,7 @@ class StoreLimiter:
         if learning is None:
             learning = self._learning[path] = _Learning(None)
         if learning.version is None:
-            await self._sync(path)
+            await self._read_shared(path)
         return learning.pages
 
     def learned(self) -> dict[str, Learned]:
@@ -293,25 +299,44 @@ class StoreLimiter:
         assert p.search is not None
         p.repaced_at, p.rate = now, p.search.pace()
 
-    def _share(self, key: str) -> None:
-        if self._exchange is not None:
-            task = asyncio.get_running_loop().create_task(self._sync(key))
-            self._background.add(task)
-            task.add_done_callback(self._shared_learning)
+    async def _read_shared(self, key: str) -> None:
+        """Start ``key`` from what the backend's holders learned: one exchange, however many
+        of this loop's pulls wait for it."""
+        learning = self._learning[key]
+        if self._exchange is None:
+            learning.version = 0
+            return
+        await asyncio.shield(learning.sync or self._exchanging(key))
 
-    def _shared_learning(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            message = "store %r: could not share what a pool learned with the limiter backend (%s)"
-            logger.warning(message, self.store, type(exc).__name__)
+    def _share(self, key: str) -> None:
+        """Exchange what ``key`` learned with the backend, if it shares."""
+        if self._exchange is not None:
+            self._exchanging(key)
+
+    def _exchanging(self, key: str) -> asyncio.Task[None]:
+        """The exchange of ``key`` running, one at a time: one asked for meanwhile follows it
+        (overlapping, both would write, and the second would adopt the first's record as
+        another holder's and repace the pool, discarding its 429s' evidence, for nothing)."""
+        learning = self._learning[key]
+        if learning.sync is not None:
+            learning.again = True
+            return learning.sync
+        task = learning.sync = self._spawn(self._sync(key), "what a pool learned")
+        task.add_done_callback(functools.partial(self._exchanged, key))
+        return task
+
+    def _exchanged(self, key: str, task: asyncio.Task[None]) -> None:
+        learning = self._learning[key]
+        learning.sync = None
+        if learning.again and not task.cancelled():
+            learning.again = False
+            self._exchanging(key)
 
     async def _sync(self, key: str) -> None:
         """Exchange what ``key`` learned with the backend's shared record: a change of ours is
         written (merged with one made elsewhere meanwhile), one made elsewhere adopted."""
         learning, loop = self._learning[key], asyncio.get_running_loop()
-        if self._exchange is None:
-            learning.version = 0
-            return
+        assert self._exchange is not None
         for _ in range(3):  # a write lost to another writer is merged and written again
             mine = learning.snapshot(loop.time())
             known = learning.version
@@ -376,8 +401,7 @@ class StoreLimiter:
             allowed = min(allowed, sum(since <= start < due for start in counted) / (due - since))
         # Shared through Redis, the other workers' starts went unseen: as many again per worker
         # (they claim the pool's slots in turn).
-        sharers = getattr(self._backend, "sharers", None)
-        workers = 1 if sharers is None else sharers(self.store)
+        workers = 1 if self._sharers is None else self._sharers(self.store)
         search.refused_at(now, allowed * workers or None, every_start=workers == 1)
         self._repaced(p, now)
         self._share(p.name)
@@ -402,8 +426,7 @@ class StoreLimiter:
             else:
                 lower = announced.per_second < p.configured.per_second
                 p.rate = announced if lower or mode == "follow" else p.configured
-        announcing = p.rate is not p.configured if p.search is None else p.search.announced
-        covered = announcing and (limit.reset or 0) <= 1.0
+        covered = p.announced and (limit.reset or 0) <= 1.0
         if limit.remaining == 0 and limit.reset and hold and not covered:
             self.pause(pool, limit.reset)
 
@@ -416,15 +439,20 @@ class StoreLimiter:
             p.pause_until = max(p.pause_until, loop.time() + seconds)
             logger.debug("store %r pool %r: paused for %.3fs", self.store, pool, seconds)
         slowdown = p.slowdown.value(loop.time())
-        task = loop.create_task(self._backend.pause(self.store, pool, seconds, slowdown))
-        self._background.add(task)
-        task.add_done_callback(self._shared_pause)
+        self._spawn(self._backend.pause(self.store, pool, seconds, slowdown), "a pause")
 
-    def _shared_pause(self, task: asyncio.Task[None]) -> None:
+    def _spawn(self, sharing: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """Run ``sharing`` (with the backend) in the background; a failure is logged once."""
+        task = asyncio.get_running_loop().create_task(sharing)
+        self._background.add(task)
+        task.add_done_callback(functools.partial(self._shared, what))
+        return task
+
+    def _shared(self, what: str, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            message = "store %r: could not share a pause with the limiter backend (%s)"
-            logger.warning(message, self.store, type(exc).__name__)
+            message = "store %r: could not share %s with the limiter backend (%s)"
+            logger.warning(message, self.store, what, type(exc).__name__)
 
     def _pace(self, p: _Pool, now: float) -> float:
         """The pool's interval now, with its margin and what set it."""
@@ -435,8 +463,7 @@ class StoreLimiter:
             margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"
         slowdown = p.slowdown.value(now)
-        announced = p.rate is not p.configured if p.search is None else p.search.announced
-        paced_by = "server" if announced else paced_by
+        paced_by = "server" if p.announced else paced_by
         paced_by = "429" if slowdown > 1.001 else paced_by
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
@@ -453,7 +480,7 @@ class StoreLimiter:
         try:
             async with p.turn:  # as the pool's head, holding an in-flight place, claim a slot
                 if p.search is not None and self._learning[p.name].version is None:
-                    await self._sync(p.name)  # start from what the backend's holders learned
+                    await self._read_shared(p.name)
                 await self._in_flight.acquire()
                 try:
                     while True:
@@ -480,9 +507,9 @@ class StoreLimiter:
         p.wait_seconds += due - queued_at
         if p.search is not None:
             p.counted.append(due)
-        if p.search is not None and p.search.started(due, waited=due > queued_at):
-            self._repaced(p, due)
-            self._share(p.name)
+            if p.search.started(due, waited=due > queued_at):
+                self._repaced(p, due)
+                self._share(p.name)
             logger.debug("store %r pool %r: rate raised to %s", self.store, p.name, p.rate)
         if self._learning and due >= self._sync_at:  # read what other holders learned
             self._sync_at = due + SYNC_EVERY

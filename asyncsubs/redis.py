@@ -574,10 +574,7 @@ class RedisPacing:
             shared = None if fields is None else Learned(**fields)
         except (TypeError, ValueError):
             return shared_version, None, written
-        if shared is not None:
-            hold, age = max(0.0, shared.hold - elapsed), shared.age + elapsed
-            shared = attrs.evolve(shared, hold=hold, age=age)
-        return shared_version, shared, written
+        return shared_version, None if shared is None else shared.aged(elapsed), written
 
     async def pause(self, store: str, pool: str, seconds: float, slowdown: float) -> None:
         # Also kept in memory, so a fallback that starts during the pause still honours it.

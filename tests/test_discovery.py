@@ -318,6 +318,49 @@ def test_an_import_of_another_store_or_a_damaged_one_is_a_config_error() -> None
             AdminClient(**kwargs, learned=learned)  # type: ignore[arg-type]
 
 
+def test_an_unused_clients_export_keeps_the_times_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kwargs: dict[str, Any] = {"token": "t", "base_url": "https://subs.example", "store": "acme"}
+    now = time.time()
+    record = {"rate": 5.0, "rate_by": "429", "hold_until": now + 300, "learned_at": now - 60}
+    given = {
+        "format": "asyncsubs.learned/1",
+        "base_url": "https://subs.example/admin/2026-04/",
+        "store": "acme",
+        "pools": {ORDERS: record},
+    }
+    client = AdminClient(**kwargs, learned=given)
+    wall, monotonic = time.time, time.monotonic
+    monkeypatch.setattr(time, "time", lambda: wall() + 100)  # the client idle 100 s
+    monkeypatch.setattr(time, "monotonic", lambda: monotonic() + 100)
+    exported = client.export_learned()["pools"][ORDERS]
+    assert exported["hold_until"] == pytest.approx(now + 300, abs=1.0)
+    assert exported["learned_at"] == pytest.approx(now - 60, abs=1.0)
+
+
+async def test_a_pools_exchanges_with_the_backend_never_overlap(clock: VirtualClock) -> None:
+    limiter = Limiter()
+    backend: Any = limiter._backend
+    exchange, inside, most = backend.exchange, 0, 0
+
+    async def slow_exchange(*args: Any) -> Any:  # a round trip, as to Redis
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        try:
+            await asyncio.sleep(0.05)
+            return await exchange(*args)
+        finally:
+            inside -= 1
+
+    backend.exchange = slow_exchange
+    sl = bind(discovering(), limiter)
+    await pull(sl, SlidingWindow(10), 30)  # raises, a 429, the sweeps: each shares
+    assert most == 1
+    assert sl.stats().pools[ORDERS].rate == pytest.approx(10 / 1.02, rel=0.05)
+
+
 async def test_loops_of_one_process_share_what_a_pool_learned(clock: VirtualClock) -> None:
     limiter, server = Limiter(), SlidingWindow(10)
     await pull(bind(discovering(), limiter), server, 30)
