@@ -431,6 +431,7 @@ async def test_other_list_paths_are_resources_too(
         ({"write_disposition": "append"}, "write_disposition"),
         ({"lag": -1}, "lag"),
         ({"max_stores": 0}, "max_stores"),
+        ({"redis_url": "http://cache.internal:6379"}, "redis_url: expected a redis://"),
     ],
 )
 def test_bad_configuration_is_refused_before_any_request(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import AdminClient
 from ..errors import ConfigError
+from ..sync import DEFAULT_MAX_STORES
 from ._stores import Store, client_settings
 
 if TYPE_CHECKING:
@@ -26,10 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MAX_STORES", "StoreClients", "StoreSlots"]
 
 log = logging.getLogger("asyncsubs.dlt")
-
-#: Stores pulling at once, as ``asyncsubs sync --max-stores``: each holds an HTTP session and a
-#: few connections, and hundreds at once would run out of file descriptors.
-DEFAULT_MAX_STORES = 32
 
 
 class _Slot:

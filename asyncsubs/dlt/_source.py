@@ -21,6 +21,7 @@ from dlt.extract.incremental import Incremental
 
 from .. import ListCall, Page
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
+from ..sync import check_redis_url
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import STORE_COLUMN, rows
 from ._session import DEFAULT_MAX_STORES, StoreClients, StoreSlots
@@ -303,7 +304,7 @@ def subscription_service(
         raise ConfigError("deletes are applied by merging: write_disposition must be 'merge'")
     if isinstance(max_stores, bool) or not isinstance(max_stores, int) or max_stores < 1:
         raise ConfigError(f"max_stores must be a whole number >= 1, got {max_stores!r}")
-    redis = None if redis_url is None else str(redis_url)
+    redis = None if redis_url is None else check_redis_url(str(redis_url), where="redis_url")
     clients = StoreClients(found, wanted, redis, max_stores)
     # Settings each client will be made with, checked now (no I/O): a bad URL or token fails
     # here rather than inside the extract.

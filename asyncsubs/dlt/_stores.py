@@ -13,7 +13,7 @@ import attrs
 
 from .. import AdminClient, Limits, Rate, RetryPolicy
 from ..errors import ConfigError
-from ..sync import load_config
+from ..sync import RESOURCES, check_redis_url, load_config
 
 __all__ = [
     "RESOURCES",
@@ -24,9 +24,6 @@ __all__ = [
     "stores_from_file",
     "stores_from_settings",
 ]
-
-#: The list endpoints the interface names; each is a resource (and a table) of the source.
-RESOURCES: Final = ("subscriptions", "customers", "orders")
 
 
 @attrs.frozen
@@ -80,12 +77,8 @@ class Store:
         size = self.page_size
         if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ConfigError(f"store {self.name}: page_size must be an int >= 1 or 'max'")
-        if self.redis is not None and not str(self.redis).startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ConfigError(
-                f"store {self.name}: redis must be a redis://, rediss:// or unix:// URL"
-            )
+        if self.redis is not None:
+            check_redis_url(str(self.redis), where=f"store {self.name}: redis")
 
     def pulls(self, resource: str) -> bool:
         return self.resources is None or resource in self.resources
