@@ -88,11 +88,13 @@ def rate(value: float) -> str:
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def retry_line(error: str, event: Retrying) -> str:
+def retry_line(event: Retrying) -> str:
     """Why a request is retried; after a 429, the pace the pool slowed to."""
     pace = event.stats
     slowed = pace.paced_by == "429" and pace.interval > 0
-    return f"retrying after {error}" + (f"; pacing at {1 / pace.interval:.2f}/s" if slowed else "")
+    return f"retrying after {event.error}" + (
+        f"; pacing at {1 / pace.interval:.2f}/s" if slowed else ""
+    )
 
 
 def progress_line(row: UnitRow, now: float) -> str:
@@ -170,7 +172,7 @@ class PlainLines:
         elif isinstance(event, UnitFailed):
             self.write(f"{row.key}: FAILED: {row.error}")
         elif isinstance(event, Retrying) and self.verbose:
-            self.write(f"{row.key}: {retry_line(event.error, event)}")
+            self.write(f"{row.key}: {retry_line(event)}")
         elif isinstance(event, UnitNote):
             self.write(f"{row.key}: {event.message}")
         elif isinstance(event, PoolLearned):
@@ -323,7 +325,7 @@ class LiveTable:
         elif isinstance(event, WebhookRefused):
             self.live.console.print(refusal_line(event), highlight=False)
         elif row is not None and isinstance(event, Retrying) and self.verbose:
-            self.live.console.print(f"{row.key}: {retry_line(event.error, event)}", highlight=False)
+            self.live.console.print(f"{row.key}: {retry_line(event)}", highlight=False)
         elif row is not None and isinstance(event, UnitNote):
             self.live.console.print(f"{row.key}: {event.message}", highlight=False)
         elif row is not None and isinstance(event, PoolLearned) and self.verbose:

@@ -33,16 +33,15 @@ from ..sync import (
     UnitDone,
     UnitFailed,
     UnitNote,
+    UnitPool,
     UnitStarted,
     UnitStopped,
     check_base_url,
     clamped_page_note,
     describe_error,
-    learned_changed,
-    stats_since,
 )
 from ._checkpoint import PullCheckpoint
-from ._common import CommandFailed, Runner, positive_float, positive_int, rate
+from ._common import EXIT_OK, CommandFailed, Runner, positive_float, positive_int, rate
 from ._learned import LearnedFile
 from ._output import Output
 from ._progress import learned_text, plural
@@ -161,9 +160,8 @@ class Pull:
         self.runner = Runner(args, out)
         if self.runner.mode == "rich" and self.file is None and sys.stdout.isatty():
             self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
-        self.pool = self.client.limits.pool_for("GET", args.resource)
-        self.base = PoolStats()
-        self.told: PoolStats | None = None  # what the pool knew of the server when last told
+        pool = self.client.limits.pool_for("GET", args.resource)
+        self.unit = UnitPool(self.client, pool)  # counted from the pull's start once it starts
 
     def _client(self) -> AdminClient:
         """The pull's client. Token and base URL not given as flags are the client's to find;
@@ -249,13 +247,11 @@ class Pull:
     # -- running ------------------------------------------------------------------------------
 
     def stats(self) -> PoolStats:
-        return stats_since(self.client.stats.pools.get(self.pool, PoolStats()), self.base)
+        return self.unit.stats()
 
-    def _tell_learned(self) -> None:
+    def _tell_learned(self, stats: PoolStats) -> None:
         """``PoolLearned`` when the pool's rate or page size changed since last told."""
-        stats = self.stats()
-        if learned_changed(self.told, stats):
-            self.told = stats
+        if self.unit.learned(stats):
             self.runner.progress(PoolLearned(self.store, self.args.resource, stats))
 
     def _keep_learned(self) -> None:
@@ -306,10 +302,10 @@ class Pull:
         args, tell = self.args, self.runner.progress
         store, resource, limit = self.store, args.resource, args.limit
         async with self.client as client:
-            self.base = client.stats.pools.get(self.pool, PoolStats())
-            allowed = client.limits.rate_for(self.pool)
+            self.unit = UnitPool.start(client, resource)
+            allowed = client.limits.rate_for(self.unit.pool)
             tell(UnitStarted(store, resource, self.checkpoint is not None, self.before, allowed))
-            self._tell_learned()
+            self._tell_learned(self.stats())
             if limit is not None and self.before >= limit:
                 self.cursor = None
                 self._save()
@@ -334,8 +330,9 @@ class Pull:
                         done = room is not None and len(records) >= room
                         self.cursor = None if done else page.next_cursor
                         self._save()
-                        tell(PageCommitted(store, resource, len(records), self.stats()))
-                        self._tell_learned()
+                        stats = self.stats()
+                        tell(PageCommitted(store, resource, len(records), stats))
+                        self._tell_learned(stats)
                         if self.pages == 1 and (note := clamped_page_note(args.page_size, page)):
                             tell(UnitNote(store, resource, note))
                         if done:
@@ -364,7 +361,7 @@ class Pull:
             # The reader went away (e.g. `| head`): not an error of ours.
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+            return EXIT_OK
         finally:
             if self.file is not None:
                 self.file.close()
@@ -389,7 +386,7 @@ class Pull:
                 + self._rate_limited(row.stats, row.allowed)
                 + self._learned(row.stats)
             )
-        return 0
+        return EXIT_OK
 
     def _rate_limited(self, stats: PoolStats, allowed: Any) -> str:
         """After 429s, the pace the server allowed (as the client slowed to it)."""

@@ -40,9 +40,9 @@ from ._config import (
 from ._engine import (
     DEFAULT_MAX_STORES,
     SyncEngine,
+    UnitPool,
     clamped_page_note,
     describe_error,
-    stats_since,
 )
 from ._events import (
     Event,
@@ -59,7 +59,6 @@ from ._events import (
     UnitStopped,
     WebhookCounts,
     WebhookRefused,
-    learned_changed,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import sink_for
@@ -106,6 +105,7 @@ __all__ = [
     "UnitDone",
     "UnitFailed",
     "UnitNote",
+    "UnitPool",
     "UnitStarted",
     "UnitState",
     "UnitStatus",
@@ -117,10 +117,8 @@ __all__ = [
     "check_redis_url",
     "clamped_page_note",
     "describe_error",
-    "learned_changed",
     "load_config",
     "parse_rate",
     "run_round",
     "sink_for",
-    "stats_since",
 ]

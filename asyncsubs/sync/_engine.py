@@ -44,9 +44,9 @@ from ._sink import DatabaseError, LeaseLostError, PageWrite, Sink, UnitState
 __all__ = [
     "DEFAULT_MAX_STORES",
     "SyncEngine",
+    "UnitPool",
     "clamped_page_note",
     "describe_error",
-    "stats_since",
 ]
 
 log = logging.getLogger("asyncsubs.sync")
@@ -85,14 +85,20 @@ def stats_since(now: PoolStats, base: PoolStats) -> PoolStats:
 
 
 @attrs.define
-class _Running:
-    """A unit being pulled: its client, its pool's counters when it started, and what the pool
-    knew of the server when last told."""
+class UnitPool:
+    """The list pool of a unit being pulled (``sync``'s, ``pull``'s): its client, the pool's
+    counters when the unit started, and what the pool knew of the server when last told."""
 
     client: AdminClient
     pool: str
-    base: PoolStats
+    base: PoolStats = attrs.Factory(PoolStats)
     told: PoolStats | None = None
+
+    @classmethod
+    def start(cls, client: AdminClient, resource: str) -> UnitPool:
+        """``resource``'s pool of ``client``, counted from now."""
+        pool = client.limits.pool_for("GET", resource)
+        return cls(client, pool, client.stats.pools.get(pool, PoolStats()))
 
     def stats(self) -> PoolStats:
         return stats_since(self.client.stats.pools.get(self.pool, PoolStats()), self.base)
@@ -132,7 +138,7 @@ class SyncEngine:
         #: Rounds run, and records committed in all of them.
         self.rounds = 0
         self.records = 0
-        self._running: dict[tuple[str, str], _Running] = {}
+        self._running: dict[tuple[str, str], UnitPool] = {}
         self._exit = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> SyncEngine:
@@ -197,8 +203,7 @@ class SyncEngine:
         lease), the failure in one line when the API or the transport refused it (the other
         units go on). A DatabaseError is raised: the sink failed, which stops everything."""
         store = config.store
-        pool = client.limits.pool_for("GET", resource)
-        unit = _Running(client, pool, client.stats.pools.get(pool, PoolStats()))
+        unit = UnitPool.start(client, resource)
         self._running[(store, resource)] = unit
         try:
             await self._pull(unit, config, resource)
@@ -235,7 +240,7 @@ class SyncEngine:
             return await self.sink.count(config.store, resource)
         return None
 
-    async def _pull(self, unit: _Running, config: StoreConfig, resource: str) -> None:
+    async def _pull(self, unit: UnitPool, config: StoreConfig, resource: str) -> None:
         store = config.store
         state = await self.sink.load_state(store, resource)
         incremental = config.incremental.get(resource)
@@ -299,7 +304,7 @@ class SyncEngine:
         # next run may start from here (inclusive filters catch equal timestamps).
         return params, state.seen_max if incremental is not None else None
 
-    async def _commit(self, write: PageWrite, unit: _Running) -> None:
+    async def _commit(self, write: PageWrite, unit: UnitPool) -> None:
         """Commit ``write`` and say so; when the run is stopped meanwhile, the commit under way
         still lands (the sink's write does not stop half-way) and is counted."""
         commit = asyncio.ensure_future(self.sink.commit_page(write))
@@ -312,12 +317,15 @@ class SyncEngine:
             raise
         self._committed(write, unit)
 
-    def _committed(self, write: PageWrite, unit: _Running) -> None:
+    def _committed(self, write: PageWrite, unit: UnitPool) -> None:
         self.records += len(write.records)
-        self.observe(PageCommitted(write.store, write.resource, len(write.records), unit.stats()))
-        self._tell_learned(unit, write.store, write.resource)
-
-    def _tell_learned(self, unit: _Running, store: str, resource: str) -> None:
         stats = unit.stats()
+        self.observe(PageCommitted(write.store, write.resource, len(write.records), stats))
+        self._tell_learned(unit, write.store, write.resource, stats)
+
+    def _tell_learned(
+        self, unit: UnitPool, store: str, resource: str, stats: PoolStats | None = None
+    ) -> None:
+        stats = unit.stats() if stats is None else stats
         if unit.learned(stats):
             self.observe(PoolLearned(store, resource, stats))

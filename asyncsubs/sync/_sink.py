@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_LEASE",
     "DELETED_TABLE",
     "LEARNED_TABLE",
+    "LEARNED_UPDATE",
     "DatabaseError",
     "DeadLetters",
     "LeaseLostError",
@@ -68,6 +69,8 @@ DELETED_TABLE: Final = "asyncsubs_deleted"
 #: What each store's pools learned of the server (``AdminClient.export_learned()``), so that
 #: the next sync starts at the learned rates and page sizes.
 LEARNED_TABLE: Final = "asyncsubs_learned"
+#: What saving a store's learned limits writes over the row saved before.
+LEARNED_UPDATE: Final = _set_excluded("learned, updated_at")
 #: Seconds a worker's lease on a unit lasts unless renewed: how long a killed worker's units
 #: wait before another worker takes them over.
 DEFAULT_LEASE: Final = 30.0

@@ -41,6 +41,7 @@ from ._sink import (
     DEFAULT_LEASE,
     DELETED_TABLE,
     LEARNED_TABLE,
+    LEARNED_UPDATE,
     RECORD_UPDATE,
     STATE_COLUMNS,
     STATE_TABLE,
@@ -342,8 +343,7 @@ class PostgresSink(SinkLifetime):
         async with self.transaction() as conn:
             await conn.execute(
                 f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (%s, %s, now())"
-                " ON CONFLICT (store) DO UPDATE SET learned = excluded.learned,"
-                " updated_at = excluded.updated_at",
+                f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}",
                 (store, Jsonb(dict(learned))),
             )
 

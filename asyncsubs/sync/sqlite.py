@@ -37,6 +37,7 @@ from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
     DELETED_TABLE,
     LEARNED_TABLE,
+    LEARNED_UPDATE,
     RECORD_UPDATE,
     STATE_COLUMNS,
     STATE_TABLE,
@@ -151,9 +152,9 @@ def hold_database(db: Path) -> Iterator[None]:
                 f"--db: {db} is in use by another asyncsubs command ({_holder(fd)}); run one "
                 "sync per database at a time"
             ) from None
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         os.ftruncate(fd, 0)
-        os.pwrite(fd, dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}), 0)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        os.pwrite(fd, dumps(holder), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -301,8 +302,7 @@ class SQLiteSink(SinkLifetime):
         await self._run(
             self.conn.execute,
             f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (?, ?, ?)"
-            " ON CONFLICT (store) DO UPDATE SET learned = excluded.learned,"
-            " updated_at = excluded.updated_at",
+            f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}",
             (store, json_text(learned), _now()),
         )
 
