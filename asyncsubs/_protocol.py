@@ -156,9 +156,16 @@ def shown_url(url: str) -> str:
     return repr(f"{scheme}://{'***@' if at else ''}{host}")
 
 
-def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False) -> str:
+def versioned_base(
+    base_url: str,
+    version: str,
+    *,
+    allow_insecure: bool = False,
+    insecure_hint: str = "allow_insecure=True for a trusted network",
+) -> str:
     """``{base_url}/admin/{version}/``, validated. Raises ConfigError, which never shows the
-    URL's credentials, query or path."""
+    URL's credentials, query or path; a plain http:// one names ``insecure_hint``, how the
+    caller allows it."""
     if not isinstance(base_url, str) or not base_url.strip():
         raise ConfigError("base_url is required (or set ASYNCSUBS_BASE_URL)")
     check_version(version)
@@ -190,8 +197,7 @@ def versioned_base(base_url: str, version: str, *, allow_insecure: bool = False)
         )
     if parts.scheme == "http" and not allow_insecure and not is_loopback(host):
         raise ConfigError(
-            "plain http:// would send the token unencrypted; use https:// "
-            "(or allow_insecure=True for a trusted network)"
+            f"plain http:// would send the token unencrypted; use https:// (or {insecure_hint})"
         )
     return f"{url.rstrip('/')}/admin/{version}/"
 

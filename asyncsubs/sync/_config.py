@@ -23,7 +23,6 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
-from urllib.parse import urlsplit
 
 import attrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
@@ -32,7 +31,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from .. import Limits, Rate, RetryPolicy
 from .._converter import converter
 from ..errors import ConfigError
-from ..settings import DEFAULT_VERSION, check_token, check_version, is_loopback, versioned_base
+from ..settings import DEFAULT_VERSION, check_token, check_version, versioned_base
 from ..webhooks import WebhookConfig, resolve_store_binding
 from ._sink import RESOURCES
 
@@ -698,16 +697,11 @@ def _bind(
 
 
 def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
-    """``url`` checked as the client checks it (ConfigError), the plain-http problem last and
-    naming how the caller allows it (``insecure_hint``: a flag or a config key)."""
-    versioned_base(url, version, allow_insecure=True)  # type: ignore[arg-type]
+    """``url`` checked as the client checks it (ConfigError), a plain-http one naming how the
+    caller allows it (``insecure_hint``: a flag or a config key)."""
+    hint = f"{insecure_hint} on a trusted network"
+    versioned_base(url, version, allow_insecure=allow_insecure, insecure_hint=hint)  # type: ignore[arg-type]
     assert isinstance(url, str)
-    parts = urlsplit(url.strip())
-    if parts.scheme == "http" and not allow_insecure and not is_loopback(parts.hostname or ""):
-        raise ConfigError(
-            f"plain http:// would send the token unencrypted; use https:// (or {insecure_hint} "
-            "on a trusted network)"
-        )
     return url
 
 
