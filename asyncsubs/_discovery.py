@@ -245,8 +245,9 @@ class RateSearch:
             return
         # A rate refused is no longer one that ran clean (a token bucket let it through for a
         # while), nor is one above what the server just accepted of all the pool's starts (it
-        # lowered its limit): the highest one below both is.
-        top = allowed if allowed is not None and every_start else paced
+        # lowered its limit), give or take the start one window's count may miss (its window
+        # is not quite the server's): the highest one below both is.
+        top = allowed + 1 / self.window if allowed is not None and every_start else paced
         self._goods = [rate for rate in self._goods if rate < paced and rate <= top]
         good = self._goods[-1] if self._goods else None
         rate = paced / (1 + SLOWDOWN_STEP)

@@ -264,6 +264,23 @@ def test_a_refusal_never_goes_below_the_last_clean_rate_or_a_quarter_of_the_star
     assert search.hold_until == 59.0 + MAX_HOLD
 
 
+def test_a_probe_refused_keeps_the_rate_that_ran_clean_a_start_under_the_count() -> None:
+    def probing() -> RateSearch:
+        search = RateSearch(Discovery(start=Rate(1), ceiling=Rate(50)))
+        search._goods, search.good, search.rate = [1.0, 2.0, 4.0, 4.9], 4.9, 4.9 * 1.05
+        return search
+
+    # The server allows 5/s; this loop's window counted four of the starts it accepted (the
+    # server's window is not quite ours): 4.9/s ran clean, so the limit was not lowered.
+    search = probing()
+    search.refused_at(0.0, allowed=4.0)
+    assert (search.good, search.rate) == (4.9, 4.9 / 1.02)
+    # Two starts fewer than the rate that ran clean needs: the server lowered its limit.
+    search = probing()
+    search.refused_at(0.0, allowed=2.0)
+    assert (search.good, search.rate) == (2.0, 2.0 / 1.02)
+
+
 # --------------------------------------------------------------------------------------------
 # Remembered: import, export, expiry, sharing between loops and workers
 
