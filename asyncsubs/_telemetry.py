@@ -4,7 +4,7 @@ With ``opentelemetry-api`` importable, every client records through the global m
 providers, or through the providers given to it; ``AdminClient(telemetry=False)`` records
 nothing. While neither global provider is set (no SDK configured, the API's stand-ins in place),
 a client on the global providers skips its calls' recording, which would go nowhere (4% of a
-light request's CPU at 20 stores, benchmarks/README.md); an SDK set later records from the
+light request's CPU at 20 stores, docs/benchmarks-method.md); an SDK set later records from the
 next call. Without the API, or switched off, the client holds :class:`Telemetry`, whose hooks
 do nothing.
 

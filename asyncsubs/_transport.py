@@ -213,7 +213,7 @@ class AiohttpTransport:
         total = 0
         # Not `async for chunk in iter_any()`: its iterator ends each body with a raised
         # StopAsyncIteration and one more read, ~5 us a request in a paced loop (see
-        # benchmarks/README.md). A small body is whole and at EOF after one readany().
+        # docs/benchmarks-method.md). A small body is whole and at EOF after one readany().
         content = resp.content
         while not content.at_eof():
             chunk = await content.readany()
