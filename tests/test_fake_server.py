@@ -286,10 +286,12 @@ async def test_records_are_deterministic_and_realistic() -> None:
 
 
 async def test_100k_records_are_cheap() -> None:
-    started = time.perf_counter()
+    # CPU time of this thread: what making them costs, not what the machine's other
+    # processes (a parallel test worker among them) take meanwhile.
+    started = time.thread_time()
     server = unlimited(stores=[FakeStoreConfig("big", records=100_000)])
     records = server.records("big", "subscriptions")
-    elapsed = time.perf_counter() - started
+    elapsed = time.thread_time() - started
     assert len(records) == 100_000
     assert elapsed < 5  # ~1 s here; generous for slow CI machines
 

@@ -252,8 +252,10 @@ def start_sync(config: Path, db: Path, env: Mapping[str, str]) -> subprocess.Pop
 
 
 def wait_for_progress(db: Path, proc: subprocess.Popen[bytes], records: int) -> None:
-    """The one bounded wait: poll the database until some pages are committed."""
-    for _ in range(500):
+    """The one bounded wait: poll the database until some pages are committed (the bound is
+    generous: a busy machine may take seconds to start the command)."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         with contextlib.suppress(sqlite3.Error):
