@@ -516,11 +516,14 @@ async def test_a_max_pull_learns_the_size_and_keeps_every_record_once(
 
 
 async def test_a_400_that_is_not_about_the_size_fails_as_before(
-    large_stores: FakeAdminServer,
+    large_stores: FakeAdminServer, fast_limits: Limits
 ) -> None:
     fake = large_stores
     async with AdminClient(
-        token=fake.store("refuses").token, base_url=fake.base_url, limiter=Limiter()
+        token=fake.store("refuses").token,
+        base_url=fake.base_url,
+        limiter=Limiter(),
+        limits=fast_limits,  # the ladder's requests unpaced: its steps are what counts here
     ) as client:
         with pytest.raises(BadRequestError, match="status must be one of"):
             await anext(aiter(client.subscriptions.list(page_size="max", params={"status": "NO"})))
