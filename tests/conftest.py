@@ -1,4 +1,10 @@
-"""Shared fixtures: a FakeAdminServer on loopback and clients whose limits are out of the way."""
+"""Shared fixtures: a FakeAdminServer on loopback and clients whose limits are out of the way.
+
+The suite runs in two pytest-xdist workers (pyproject.toml's addopts; ``-n 0`` for one
+process). Each worker is a session of its own: session fixtures (redis-server, PostgreSQL) start
+once per worker, on free loopback ports and in temporary directories, and a test shares nothing
+with the other worker but the machine: no fixed port, no file outside its ``tmp_path``.
+"""
 
 from __future__ import annotations
 
