@@ -489,9 +489,34 @@ def test_demo_without_a_terminal(
     assert "asyncsubs demo: records per store and resource" in out
     assert re.search(r"^globex-pets\s+customers\s+300\s+300\s+5\s+0\s", out, re.M)
     assert "1,800 records, 18 requests, 0 429s" in out
+    for line in out.splitlines():  # the server never lets its window hold more
+        if peak := re.search(r" (\d+)/(\d+) ", line):
+            assert int(peak[1]) <= int(peak[2]), line
     assert f"database: kept at {db}" in out
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM subscriptions").fetchone()[0] == 600
+
+
+def test_demo_table_learns_no_untried_raise_and_counts_as_the_server_does(
+    capsys: Any,
+) -> None:
+    """A pool whose last raise was never tried learned the rate that ran clean; the allowed
+    rate says how the server's window counts, and the peak counts the same way."""
+    from asyncsubs.cli._demo import DEMO_STORES, _PoolReport, _summary
+
+    store = DEMO_STORES[2]  # initech-razors: subscriptions 3 per 2 s, a leaky bucket
+    assert (store.window, store.heavy["subscriptions"]) == ("leaky", Rate(3, per=2))
+    progress = Progress()
+    row = progress.add(store.name, "subscriptions")
+    row.stats = PoolStats(requests=12, rate=4.0, rate_by="probe", good=2.0)
+    reports = {(store.name, "subscriptions"): _PoolReport(achieved=1.6, peak=3)}
+    _summary([store], progress, reports, elapsed=8.0, startup=1.0)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith(store.name)]
+    cells = re.split(r"\s{2,}", line)
+    assert cells[5:9] == ["1.60", "2.00", "1.50 (3/2s leaky)", "3/3"], line
+    assert "4.00" not in line
+    assert "leaky: a bucket of n refilled at n per window" in out
 
 
 @attrs.frozen

@@ -88,7 +88,7 @@ class UnitRow:
 #: How a pool's rate came to be, as the displays say it (a configured one needs no word).
 _RATE_BY: Final = {
     "start": "to start",
-    "probe": "learned",
+    "probe": "probing",
     "429": "learned",
     "remembered": "learned before",
     "server": "announced",
@@ -96,12 +96,15 @@ _RATE_BY: Final = {
 
 
 def learned_text(stats: PoolStats) -> str:
-    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``;
-    empty for a pool with a fixed rate and no page size learned."""
+    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``,
+    ``4.00 req/s probing (2.00 ran clean)``; empty for a pool with a fixed rate and no page
+    size learned."""
     parts = []
     how = _RATE_BY.get(stats.rate_by)
     if how is not None and stats.rate:
         parts.append(f"{stats.rate:.2f} req/s {how}")
+        if stats.rate_by == "probe" and stats.good:  # a raise not tried yet: not learned
+            parts[-1] += f" ({stats.good:.2f} ran clean)"
         if stats.ceiling_found and stats.rate_by != "server":
             parts[-1] += f" (refused at {stats.ceiling_found:.2f})"
     if stats.page_size:
