@@ -545,8 +545,7 @@ def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
     try:
         assert proc.stdout is not None
         printed = [proc.stdout.readline()]
-        match = re.match(r"fake admin server on (http://127\.0\.0\.1:\d+) ", printed[0])
-        assert match, printed[0]
+        assert printed[0].startswith("fake admin server on "), printed[0]
         tokens = {}
         while not printed[-1].startswith("asyncsubs sync "):
             printed.append(proc.stdout.readline())
@@ -558,7 +557,8 @@ def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
         config = tmp_path / "stores.toml"
         config.write_text("".join(printed[printed.index("[defaults]\n") :]), encoding="utf-8")
         env = {env_name(name): token for name, token in tokens.items()}
-        yield FakeServerRun(match[1], tokens, printed, config, env)
+        (base_url,) = [x.split("=", 1)[1].strip() for x in printed if "ASYNCSUBS_BASE_URL=" in x]
+        yield FakeServerRun(base_url, tokens, printed, config, env)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -586,6 +586,40 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
         args = ["pull", "subscriptions", "--base-url", run.base_url]
         assert main([*args, "--token", run.tokens["store-2"], "-o", str(out), "-q"]) == 0
         assert len(out.read_bytes().splitlines()) == 5
+
+
+def test_fake_server_on_every_interface_prints_what_works_when_pasted(tmp_path: Path) -> None:
+    """``--host 0.0.0.0``: the printed pull and sync commands, pasted into a shell as they
+    are, reach it (on loopback: plain http elsewhere would be refused)."""
+    with fake_server_process(tmp_path, "--host", "0.0.0.0", "--records", "5") as run:
+        assert run.base_url.startswith("http://127.0.0.1:")
+        assert "from another, http://THIS-HOST:" in run.printed[0]
+        pull = run.printed.index(next(x for x in run.printed if x.startswith("# pull from ")))
+        sync = run.printed.index("[defaults]\n")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        pasted = subprocess.run(
+            ["bash", "-euc", "".join(run.printed[pull:sync])],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert pasted.returncode == 0, pasted.stderr
+        records = [x for x in pasted.stdout.splitlines() if x.startswith("{")]
+        assert len(records) == 5  # the pull's
+        with contextlib.closing(sqlite3.connect(tmp_path / "fake.db")) as conn:
+            assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 10
+
+
+def test_fake_server_off_loopback_prints_plain_http_allowed() -> None:
+    from asyncsubs.cli._fake_server import paste_url
+
+    assert paste_url("0.0.0.0", 80) == ("http://127.0.0.1:80", False)
+    assert paste_url("::", 80) == ("http://[::1]:80", False)
+    assert paste_url("127.0.0.1", 80) == ("http://127.0.0.1:80", False)
+    assert paste_url("192.0.2.7", 80) == ("http://192.0.2.7:80", True)
 
 
 def first_sync_429s(tmp_path: Path, stores: int) -> int:
