@@ -317,6 +317,48 @@ def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
     assert "orders: TransportError: GET orders: " in line
 
 
+def test_sync_with_redis_down_says_so_in_its_own_lines_and_falls_back_when_told(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    """Redis refusing connections: every line on stderr is the command's own, the failure
+    names the setting a command-line user has, and ``--redis-fallback`` gets the sync done."""
+    pytest.importorskip("redis")
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        redis = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
+        runs = []
+        for fallback in ((), ("--redis-fallback", "0.5")):
+            command = [sys.executable, "-m", "asyncsubs", "sync", "--config", str(config)]
+            command += ["--db", str(tmp_path / f"s{len(runs)}.db"), "--redis", redis, "-q"]
+            runs.append(
+                subprocess.run(
+                    [*command, *fallback],
+                    env={**os.environ, "A": server.store("acme").token},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+            )
+    failed, fell_back = runs
+    assert failed.returncode == 1, failed.stderr
+    assert fell_back.returncode == 0, fell_back.stderr
+    for run in runs:
+        assert all(line.startswith("asyncsubs: ") for line in run.stderr.splitlines()), run.stderr
+    (error,) = error_lines(failed.stderr)
+    assert "store acme, orders: LimiterUnavailableError: " in error
+    assert "config key redis_fallback" in error
+    (warning,) = fell_back.stderr.splitlines()
+    assert "paced in this process alone at 50% of each rate" in warning
+    with contextlib.closing(sqlite3.connect(tmp_path / "s1.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 137
+
+
 def test_debug_shows_the_traceback(capsys: Any) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
     args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
