@@ -828,3 +828,30 @@ def test_a_config_error_the_client_finds_late_exits_2(
     assert main(pull_args(server, "orders", "-q")) == 2
     (line,) = error_lines(capsys.readouterr().err)
     assert line == "asyncsubs: error: base_url: the server speaks plain http on this port"
+
+
+def test_counts_of_one_are_said_in_the_singular() -> None:
+    from asyncsubs.cli._progress import UnitRow
+    from asyncsubs.cli._webhooks import WebhookTotals
+
+    one = WebhookTotals(accepted=1, duplicates=1, applied=1, deletes=1, dead_letters=1)
+    assert one.line() == (
+        "webhooks: 1 accepted, 1 duplicate, 1 applied (1 delete), 0 stale, 0 ignored, "
+        "1 dead letter, 0 refused"
+    )
+    row = UnitRow("acme", "orders", records=1, pages=1)
+    row.stats = PoolStats(requests=2, rate_limited=1, retries=1)
+    assert progress_line(row, time.monotonic()).endswith("2 requests, 1 429, 1 retry")
+
+
+def test_live_table_and_summary_order_their_columns_alike() -> None:
+    from asyncsubs.cli._summaries import sync_summary
+
+    progress = Progress()
+    progress.add("acme", "orders")
+    stream = io.StringIO()
+    sync_summary(progress, 1.0, "s.db", stream=stream)
+    summary = stream.getvalue().splitlines()[1].split()
+    shared = [h for h in LIVE_HEADERS if h in summary]
+    assert shared == [h for h in summary if h in shared]
+    assert shared.index("429s") + 1 == shared.index("retries")

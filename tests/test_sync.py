@@ -407,7 +407,7 @@ def test_plain_progress_lines() -> None:
     assert lines[-1].endswith("s); 1 row in the table for this store")
     assert lines[0] == "acme/orders: resuming from its saved cursor"
     assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
-    assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")
+    assert lines[1].endswith("0 requests, 0 429s, 0 retries (+40 before resuming)")
     assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
     assert lines[2].endswith("; 90 rows in the table for this store")
     # The live table's records cell says what the interrupted process committed, too.

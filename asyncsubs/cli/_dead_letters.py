@@ -14,6 +14,7 @@ from typing import IO, Any
 from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
 from ._output import Output
+from ._progress import plural
 from ._tables import print_table
 
 __all__ = ["add_parser", "dead_letters"]
@@ -87,10 +88,10 @@ def cmd_dead_letters(
         ]
         for letter in letters
     ]
-    footer = [f"{len(letters)} dead letters in {sink.where} (table webhook_dead_letters)"]
+    footer = [f"{plural(len(letters), 'dead letter')} in {sink.where} (table webhook_dead_letters)"]
     if args.requeue:
         footer.append(
-            f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
+            f"{moved:,} moved to webhook_inbox: sync --listen applies them when it next starts"
         )
     print_table(
         "webhook dead letters",

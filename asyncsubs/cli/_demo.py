@@ -329,8 +329,8 @@ def _summary(
         stream=sys.stdout,
         footer=[
             f"{plural(progress.records, 'record')}, {plural(total_requests, 'request')}, "
-            f"{total_429:,} 429s in {elapsed:.1f}s (the fake server started in {startup:.1f}s "
-            "before)",
+            f"{plural(total_429, '429')} in {elapsed:.1f}s (the fake server started in "
+            f"{startup:.1f}s before)",
             "req/s achieved: accepted request starts per second, as the server measured them; "
             "learned: the rate the client found, refused by the server or run clean (a raise "
             "not yet tried is not; it was told neither rate nor page size); allowed: the "

@@ -392,7 +392,7 @@ class Pull:
         """After 429s, the pace the server allowed (as the client slowed to it)."""
         if not stats.rate_limited:
             return ""
-        said = f"; {stats.rate_limited:,} 429s"
+        said = f"; {plural(stats.rate_limited, '429')}"
         if stats.paced_by != "429" or not stats.interval:
             return said
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
