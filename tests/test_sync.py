@@ -29,6 +29,7 @@ import pytest
 from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._display import PlainLines, live_row
+from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.cli._progress import Progress
 from asyncsubs.errors import ConfigError
 from asyncsubs.limiting import PoolStats
@@ -412,6 +413,11 @@ def test_plain_progress_lines() -> None:
     assert lines[2].endswith("; 90 rows in the table for this store")
     # The live table's records cell says what the interrupted process committed, too.
     assert live_row(row, time.monotonic())[3] == "50 (+40 before)"
+    # And so does the summary, in its row and its total.
+    summary = io.StringIO()
+    sync_summary(progress, 2.0, "subs.db", stream=summary)
+    assert re.search(r"^acme\s+orders\s+done\s+50 \(\+40 before\)\s+2\s", summary.getvalue(), re.M)
+    assert "51 records (+40 before resuming) from 1 store in 2.0s" in summary.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -295,7 +295,7 @@ def _summary(
                 [
                     store.name,
                     resource,
-                    f"{row.records:,}",
+                    row.records_cell(),
                     "" if row.rows is None else f"{row.rows:,}",
                     f"{row.stats.requests:,}",
                     f"{row.stats.rate_limited:,}",
@@ -308,6 +308,8 @@ def _summary(
                     f"{row.elapsed():.1f}s",
                 ]
             )
+    before = progress.records_before
+    resumed = f" (+{before:,} before resuming)" if before else ""
     print_table(
         "asyncsubs demo: records per store and resource",
         [
@@ -328,7 +330,7 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{plural(progress.records, 'record')}, {plural(total_requests, 'request')}, "
+            f"{plural(progress.records, 'record')}{resumed}, {plural(total_requests, 'request')}, "
             f"{plural(total_429, '429')} in {elapsed:.1f}s (the fake server started in "
             f"{startup:.1f}s before)",
             "req/s achieved: accepted request starts per second, as the server measured them; "

@@ -254,7 +254,7 @@ def live_row(row: UnitRow, now: float) -> list[str]:
         row.store,
         row.resource,
         status(row),
-        f"{row.records:,}" + (f" (+{row.records_before:,} before)" if row.records_before else ""),
+        row.records_cell(),
         f"{row.pages:,}",
         rate(row.record_rate(now)),
         f"{stats.requests:,}",

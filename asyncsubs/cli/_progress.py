@@ -74,6 +74,11 @@ class UnitRow:
         end = self.finished if self.finished is not None else now or time.monotonic()
         return max(end - self.started, 0.0)
 
+    def records_cell(self) -> str:
+        """This run's records, and those an interrupted process committed before it resumed."""
+        before = f" (+{self.records_before:,} before)" if self.records_before else ""
+        return f"{self.records:,}{before}"
+
     def record_rate(self, now: float | None = None) -> float:
         elapsed = self.elapsed(now)
         return self.records / elapsed if elapsed > 0 else 0.0
@@ -216,3 +221,8 @@ class Progress:
     @property
     def records(self) -> int:
         return sum(row.records for row in self.rows.values())
+
+    @property
+    def records_before(self) -> int:
+        """Records committed by interrupted processes before the rows resumed."""
+        return sum(row.records_before for row in self.rows.values())
