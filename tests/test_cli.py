@@ -855,3 +855,20 @@ def test_live_table_and_summary_order_their_columns_alike() -> None:
     shared = [h for h in LIVE_HEADERS if h in summary]
     assert shared == [h for h in summary if h in shared]
     assert shared.index("429s") + 1 == shared.index("retries")
+
+
+def test_a_store_never_reached_achieved_no_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Attempts that never reached a server are no request rate achieved."""
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "http://127.0.0.1:{unused_port()}"\ntoken_env = "A"\n'
+        'resources = ["orders"]\nmax_attempts = 2\n'
+        '[defaults.limits]\nheavy = { orders = "20/s" }\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", "token")
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db")]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^acme\s+orders\s+failed\s+0\s+0\s+0\s+2\s+- \(20\.00\)\s", out, re.M), out

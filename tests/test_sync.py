@@ -29,8 +29,8 @@ import pytest
 from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._display import PlainLines, live_row
-from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.cli._progress import Progress
+from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.errors import ConfigError
 from asyncsubs.limiting import PoolStats
 from asyncsubs.sync import (

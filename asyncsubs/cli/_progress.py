@@ -119,8 +119,9 @@ def learned_text(stats: PoolStats) -> str:
 
 def allowed_cell(row: UnitRow, now: float | None = None) -> str:
     """Requests per second achieved, and the pool's rate in force: configured, announced or
-    learned (``1.96 (2.00 learned)``)."""
-    achieved = f"{row.request_rate(now):.2f}"
+    learned (``1.96 (2.00 learned)``). Nothing is achieved before a page came back: attempts
+    that never reached the server (or were all refused) are no pace (``- (2.00)``)."""
+    achieved = f"{row.request_rate(now):.2f}" if row.pages else "-"
     stats, allowed = row.stats, row.allowed
     if stats.rate and stats.rate_by != "configured":
         how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
