@@ -112,6 +112,11 @@ def test_a_full_disk_or_an_impossible_file_is_one_line(
     assert main(pull(server, "orders", "-o", "/dev/full", "-q")) == 1
     err = capsys.readouterr().err
     assert err == "asyncsubs: error: cannot write /dev/full: No space left on device\n"
+    # A page small enough to wait in the buffer fails at its flush, and not again at close.
+    assert main(pull(server, "orders", "-o", "/dev/full", "-q", "--limit", "1")) == 1
+    err = capsys.readouterr().err
+    assert err == "asyncsubs: error: cannot write /dev/full: No space left on device\n"
+    # A path that cannot be opened is found before any request: a usage error.
     assert main(pull(server, "orders", "-o", "/proc/no-such.jsonl", "-q")) == 2
     err = capsys.readouterr().err
     assert err == "asyncsubs: error: cannot write /proc/no-such.jsonl: No such file or directory\n"

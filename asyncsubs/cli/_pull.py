@@ -364,7 +364,10 @@ class Pull:
             return EXIT_OK
         finally:
             if self.file is not None:
-                self.file.close()
+                # Every page was flushed as written; a write that failed left its bytes in the
+                # buffer, and closing would fail on them again over the one line said already.
+                with contextlib.suppress(OSError):
+                    self.file.close()
         (row,) = self.runner.progress.rows.values()
         if row.state == "failed":
             # The plain and JSON lines printed the failure when it happened.
