@@ -187,6 +187,35 @@ def test_sync_status_shows_an_sqlite_database_too(
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_sync_status_and_dead_letters_print_json_as_sync_logs_it(
+    synced: Callable[..., Path], tmp_path: Path, capsys: Any
+) -> None:
+    db = synced("-q")
+    capsys.readouterr()
+    assert main(["sync-status", "--db", str(db), "--json"]) == 0
+    status = orjson.loads(capsys.readouterr().out)
+    assert status["database"] == str(db)
+    assert status["states"] == {"done": 3}
+    orders = next(u for u in status["units"] if u["resource"] == "orders")
+    assert (orders["store"], orders["state"], orders["records"], orders["pages"]) == (
+        "acme",
+        "done",
+        137,
+        3,
+    )
+    assert main(["dead-letters", "--db", str(db), "--json", "--log-format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert orjson.loads(captured.out) == {"database": str(db), "dead_letters": []}
+    (note,) = [orjson.loads(line) for line in captured.err.splitlines()]
+    assert note["level"] == "note"
+    assert "never run sync --listen" in note["message"]
+    # An error, too, is a JSON line.
+    assert main(["sync-status", "--db", str(tmp_path / "none.db"), "--log-format", "json"]) == 2
+    (error,) = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert error["level"] == "error"
+    assert "does not exist" in error["message"]
+
+
 def test_sync_summary_shows_the_achieved_against_the_allowed_rate(
     synced: Callable[..., Path], capsys: Any
 ) -> None:

@@ -15,7 +15,7 @@ from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
 from ._output import Output
 from ._progress import plural
-from ._tables import print_table
+from ._tables import print_json, print_table, report_options
 
 __all__ = ["add_parser", "dead_letters"]
 
@@ -39,6 +39,7 @@ def add_parser(commands: Any) -> None:
         "--store", action="append", metavar="ID", help="only this store's (repeatable)"
     )
     parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    report_options(parser)
     parser.set_defaults(handler=cmd_dead_letters, debug=False)
 
 
@@ -65,6 +66,22 @@ async def dead_letters(
     return letters, moved
 
 
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the table shows it (its body stays in the database)."""
+    return {
+        "store": letter.store,
+        "event_id": letter.event_id,
+        "topic": letter.topic,
+        "attempts": letter.attempts,
+        "failed_at": datetime.fromtimestamp(letter.failed_at, UTC).isoformat(),
+        "error": letter.error,
+    }
+
+
 def cmd_dead_letters(
     args: argparse.Namespace, out: Output, *, stream: IO[str] | None = None
 ) -> int:
@@ -75,15 +92,26 @@ def cmd_dead_letters(
         out.note(
             f"no dead letters: {sink.where} has never run sync --listen (it has no webhook tables)"
         )
+        if args.json:
+            print_json({"database": sink.where, "dead_letters": []}, stream=stream)
         return 0
     letters, moved = found
+    if args.json:
+        document: dict[str, Any] = {
+            "database": sink.where,
+            "dead_letters": [_letter_json(letter) for letter in letters],
+        }
+        if args.requeue:
+            document["moved"] = moved
+        print_json(document, stream=stream)
+        return 0
     rows = [
         [
             letter.store or "",
             letter.event_id,
             letter.topic or "",
             str(letter.attempts),
-            datetime.fromtimestamp(letter.failed_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            _utc(letter.failed_at),
             letter.error,
         ]
         for letter in letters
