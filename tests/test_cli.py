@@ -872,3 +872,19 @@ def test_a_store_never_reached_achieved_no_rate(
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db")]) == 1
     out = capsys.readouterr().out
     assert re.search(r"^acme\s+orders\s+failed\s+0\s+0\s+0\s+2\s+- \(20\.00\)\s", out, re.M), out
+
+
+def test_help_says_every_default_and_seconds_alike(capsys: Any) -> None:
+    def help_of(command: str) -> str:
+        assert main([command, "--help"]) == 0
+        return " ".join(capsys.readouterr().out.split())  # unwrapped
+
+    sync = help_of("sync")
+    assert "orders; default: each store's resources key, else all three)" in sync
+    assert "--store ID only this store from the config (repeatable; default: every store" in sync
+    assert "--store ID only this store's (repeatable; default: every store's)" in help_of(
+        "dead-letters"
+    )
+    pull = help_of("pull")
+    assert "--timeout SECONDS seconds per attempt (default: 30.0)" in pull
+    assert "TIMEOUT" not in pull

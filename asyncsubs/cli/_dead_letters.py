@@ -36,7 +36,10 @@ def add_parser(commands: Any) -> None:
         "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://..."
     )
     parser.add_argument(
-        "--store", action="append", metavar="ID", help="only this store's (repeatable)"
+        "--store",
+        action="append",
+        metavar="ID",
+        help="only this store's (repeatable; default: every store's)",
     )
     parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
     report_options(parser)

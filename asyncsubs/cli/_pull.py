@@ -129,7 +129,13 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         default=DEFAULT_VERSION,
         help="the interface version in the path (default: %(default)s, the one implemented)",
     )
-    pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
+    pull.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds per attempt",
+    )
     pull.add_argument(
         "--max-attempts", type=positive_int, default=6, metavar="N", help="attempts per request"
     )

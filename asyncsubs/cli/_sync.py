@@ -100,7 +100,8 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "--resources",
         nargs="+",
         metavar="RESOURCE",
-        help=f"only these resources for every store ({', '.join(RESOURCES)})",
+        help=f"only these resources for every store ({', '.join(RESOURCES)}; default: each "
+        "store's resources key, else all three)",
     )
     sync.add_argument(
         "--max-stores",
@@ -113,7 +114,7 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "--store",
         action="append",
         metavar="ID",
-        help="only this store from the config (repeatable)",
+        help="only this store from the config (repeatable; default: every store in it)",
     )
     listen = sync.add_argument_group("webhooks (keep running until Ctrl-C or SIGTERM)")
     listen.add_argument(
