@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from .._protocol import is_loopback
 from ..errors import ConfigError
+from ..settings import is_loopback
 from ._common import non_negative_int, positive_int
 from ._output import Output
 
