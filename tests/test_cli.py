@@ -320,8 +320,9 @@ def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
 def test_sync_with_redis_down_says_so_in_its_own_lines_and_falls_back_when_told(
     server: FakeAdminServer, tmp_path: Path
 ) -> None:
-    """Redis refusing connections: every line on stderr is the command's own, the failure
-    names the setting a command-line user has, and ``--redis-fallback`` gets the sync done."""
+    """Redis refusing connections: every line on stderr is the command's own (with --quiet,
+    the one error), the failure names the setting a command-line user has, and
+    ``--redis-fallback`` gets the sync done, saying so once."""
     pytest.importorskip("redis")
     config = tmp_path / "stores.toml"
     config.write_text(
@@ -332,12 +333,12 @@ def test_sync_with_redis_down_says_so_in_its_own_lines_and_falls_back_when_told(
         closed.bind(("127.0.0.1", 0))
         redis = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
         runs = []
-        for fallback in ((), ("--redis-fallback", "0.5")):
+        for options in (("-q",), ("--redis-fallback", "0.5", "--progress", "plain")):
             command = [sys.executable, "-m", "asyncsubs", "sync", "--config", str(config)]
-            command += ["--db", str(tmp_path / f"s{len(runs)}.db"), "--redis", redis, "-q"]
+            command += ["--db", str(tmp_path / f"s{len(runs)}.db"), "--redis", redis]
             runs.append(
                 subprocess.run(
-                    [*command, *fallback],
+                    [*command, *options],
                     env={**os.environ, "A": server.store("acme").token},
                     capture_output=True,
                     text=True,
@@ -348,12 +349,13 @@ def test_sync_with_redis_down_says_so_in_its_own_lines_and_falls_back_when_told(
     failed, fell_back = runs
     assert failed.returncode == 1, failed.stderr
     assert fell_back.returncode == 0, fell_back.stderr
-    for run in runs:
-        assert all(line.startswith("asyncsubs: ") for line in run.stderr.splitlines()), run.stderr
-    (error,) = error_lines(failed.stderr)
-    assert "store acme, orders: LimiterUnavailableError: " in error
+    (error,) = failed.stderr.splitlines()
+    assert error.startswith("asyncsubs: error: store acme, orders: LimiterUnavailableError: ")
     assert "config key redis_fallback" in error
-    (warning,) = fell_back.stderr.splitlines()
+    lines = fell_back.stderr.splitlines()
+    assert all(line.startswith(("[", "asyncsubs: ")) for line in lines), fell_back.stderr
+    (warning,) = [line for line in lines if line.startswith("asyncsubs: ")]
+    assert warning.startswith("asyncsubs: warning: Redis rate limiter at redis://127.0.0.1:")
     assert "paced in this process alone at 50% of each rate" in warning
     with contextlib.closing(sqlite3.connect(tmp_path / "s1.db")) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 137
