@@ -256,6 +256,7 @@ class StoreLimiter:
                 rate=p.rate.per_second,
                 rate_by=rate_by,
                 ceiling_found=None if search is None else search.refused,
+                good=None if search is None else search.good,
                 page_size=None if learning is None else learning.pages.size,
                 page_size_by=None if learning is None else learning.pages.by,
             )

@@ -30,6 +30,8 @@ class PoolStats:
     rate_by: str = "configured"
     #: The lowest rate a 429 refused while discovering (requests per second), if any
     ceiling_found: float | None = None
+    #: The highest rate that ran clean while discovering, if any (a "probe" rate is untried)
+    good: float | None = None
     #: The largest page the server serves, once a ``page_size="max"`` pull learned it
     page_size: int | None = None
     #: What told it: "clamp" (pages cut short), "400" (larger pages refused), "remembered"

@@ -623,8 +623,8 @@ class RedisPacing:
         what = "is down" if exc is None else f"failed ({type(exc).__name__}{self._hint(exc)})"
         return LimiterUnavailableError(
             f"Redis rate limiter at {self.where} {what}; the request for store {store!r} was"
-            " not sent. RedisLimiter(..., fallback_fraction=f) paces each process on its own"
-            " at f x the rate instead"
+            " not sent. A fallback (RedisLimiter's fallback_fraction=f, sync's config key"
+            " redis_fallback = f) paces each process on its own at f x the rate instead"
         )
 
     def _hint(self, exc: BaseException) -> str:

@@ -318,6 +318,50 @@ def test_unreachable_server_exits_1_with_one_line(capsys: Any) -> None:
     assert "orders: TransportError: GET orders: " in line
 
 
+def test_sync_with_redis_down_says_so_in_its_own_lines_and_falls_back_when_told(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    """Redis refusing connections: every line on stderr is the command's own (with --quiet,
+    the one error), the failure names the setting a command-line user has, and
+    ``--redis-fallback`` gets the sync done, saying so once."""
+    pytest.importorskip("redis")
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        redis = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
+        runs = []
+        for options in (("-q",), ("--redis-fallback", "0.5", "--progress", "plain")):
+            command = [sys.executable, "-m", "asyncsubs", "sync", "--config", str(config)]
+            command += ["--db", str(tmp_path / f"s{len(runs)}.db"), "--redis", redis]
+            runs.append(
+                subprocess.run(
+                    [*command, *options],
+                    env={**os.environ, "A": server.store("acme").token},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+            )
+    failed, fell_back = runs
+    assert failed.returncode == 1, failed.stderr
+    assert fell_back.returncode == 0, fell_back.stderr
+    (error,) = failed.stderr.splitlines()
+    assert error.startswith("asyncsubs: error: store acme, orders: LimiterUnavailableError: ")
+    assert "config key redis_fallback" in error
+    lines = fell_back.stderr.splitlines()
+    assert all(line.startswith(("[", "asyncsubs: ")) for line in lines), fell_back.stderr
+    (warning,) = [line for line in lines if line.startswith("asyncsubs: ")]
+    assert warning.startswith("asyncsubs: warning: Redis rate limiter at redis://127.0.0.1:")
+    assert "paced in this process alone at 50% of each rate" in warning
+    with contextlib.closing(sqlite3.connect(tmp_path / "s1.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 137
+
+
 def test_debug_shows_the_traceback(capsys: Any) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
     args = ["pull", "orders", "--base-url", url, "--token", "t", "--max-attempts", "1"]
@@ -490,9 +534,34 @@ def test_demo_without_a_terminal(
     assert "asyncsubs demo: records per store and resource" in out
     assert re.search(r"^globex-pets\s+customers\s+300\s+300\s+5\s+0\s", out, re.M)
     assert "1,800 records, 18 requests, 0 429s" in out
+    for line in out.splitlines():  # the server never lets its window hold more
+        if peak := re.search(r" (\d+)/(\d+) ", line):
+            assert int(peak[1]) <= int(peak[2]), line
     assert f"database: kept at {db}" in out
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM subscriptions").fetchone()[0] == 600
+
+
+def test_demo_table_learns_no_untried_raise_and_counts_as_the_server_does(
+    capsys: Any,
+) -> None:
+    """A pool whose last raise was never tried learned the rate that ran clean; the allowed
+    rate says how the server's window counts, and the peak counts the same way."""
+    from asyncsubs.cli._demo import DEMO_STORES, _PoolReport, _summary
+
+    store = DEMO_STORES[2]  # initech-razors: subscriptions 3 per 2 s, a leaky bucket
+    assert (store.window, store.heavy["subscriptions"]) == ("leaky", Rate(3, per=2))
+    progress = Progress()
+    row = progress.add(store.name, "subscriptions")
+    row.stats = PoolStats(requests=12, rate=4.0, rate_by="probe", good=2.0)
+    reports = {(store.name, "subscriptions"): _PoolReport(achieved=1.6, peak=3)}
+    _summary([store], progress, reports, elapsed=8.0, startup=1.0)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith(store.name)]
+    cells = re.split(r"\s{2,}", line)
+    assert cells[5:9] == ["1.60", "2.00", "1.50 (3/2s leaky)", "3/3"], line
+    assert "4.00" not in line
+    assert "leaky: a bucket of n refilled at n per window" in out
 
 
 @attrs.frozen
@@ -521,8 +590,7 @@ def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
     try:
         assert proc.stdout is not None
         printed = [proc.stdout.readline()]
-        match = re.match(r"fake admin server on (http://127\.0\.0\.1:\d+) ", printed[0])
-        assert match, printed[0]
+        assert printed[0].startswith("fake admin server on "), printed[0]
         tokens = {}
         while not printed[-1].startswith("asyncsubs sync "):
             printed.append(proc.stdout.readline())
@@ -534,7 +602,8 @@ def fake_server_process(tmp_path: Path, *args: str) -> Iterator[FakeServerRun]:
         config = tmp_path / "stores.toml"
         config.write_text("".join(printed[printed.index("[defaults]\n") :]), encoding="utf-8")
         env = {env_name(name): token for name, token in tokens.items()}
-        yield FakeServerRun(match[1], tokens, printed, config, env)
+        (base_url,) = [x.split("=", 1)[1].strip() for x in printed if "ASYNCSUBS_BASE_URL=" in x]
+        yield FakeServerRun(base_url, tokens, printed, config, env)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -562,6 +631,40 @@ def test_fake_server_prints_urls_and_tokens_and_serves(tmp_path: Path) -> None:
         args = ["pull", "subscriptions", "--base-url", run.base_url]
         assert main([*args, "--token", run.tokens["store-2"], "-o", str(out), "-q"]) == 0
         assert len(out.read_bytes().splitlines()) == 5
+
+
+def test_fake_server_on_every_interface_prints_what_works_when_pasted(tmp_path: Path) -> None:
+    """``--host 0.0.0.0``: the printed pull and sync commands, pasted into a shell as they
+    are, reach it (on loopback: plain http elsewhere would be refused)."""
+    with fake_server_process(tmp_path, "--host", "0.0.0.0", "--records", "5") as run:
+        assert run.base_url.startswith("http://127.0.0.1:")
+        assert "from another, http://THIS-HOST:" in run.printed[0]
+        pull = run.printed.index(next(x for x in run.printed if x.startswith("# pull from ")))
+        sync = run.printed.index("[defaults]\n")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        pasted = subprocess.run(
+            ["bash", "-euc", "".join(run.printed[pull:sync])],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert pasted.returncode == 0, pasted.stderr
+        records = [x for x in pasted.stdout.splitlines() if x.startswith("{")]
+        assert len(records) == 5  # the pull's
+        with contextlib.closing(sqlite3.connect(tmp_path / "fake.db")) as conn:
+            assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 10
+
+
+def test_fake_server_off_loopback_prints_plain_http_allowed() -> None:
+    from asyncsubs.cli._fake_server import paste_url
+
+    assert paste_url("0.0.0.0", 80) == ("http://127.0.0.1:80", False)
+    assert paste_url("::", 80) == ("http://[::1]:80", False)
+    assert paste_url("127.0.0.1", 80) == ("http://127.0.0.1:80", False)
+    assert paste_url("192.0.2.7", 80) == ("http://192.0.2.7:80", True)
 
 
 def first_sync_429s(tmp_path: Path, stores: int) -> int:
@@ -728,3 +831,63 @@ def test_a_config_error_the_client_finds_late_exits_2(
     assert main(pull_args(server, "orders", "-q")) == 2
     (line,) = error_lines(capsys.readouterr().err)
     assert line == "asyncsubs: error: base_url: the server speaks plain http on this port"
+
+
+def test_counts_of_one_are_said_in_the_singular() -> None:
+    from asyncsubs.cli._progress import UnitRow
+    from asyncsubs.cli._webhooks import WebhookTotals
+
+    one = WebhookTotals(accepted=1, duplicates=1, applied=1, deletes=1, dead_letters=1)
+    assert one.line() == (
+        "webhooks: 1 accepted, 1 duplicate, 1 applied (1 delete), 0 stale, 0 ignored, "
+        "1 dead letter, 0 refused"
+    )
+    row = UnitRow("acme", "orders", records=1, pages=1)
+    row.stats = PoolStats(requests=2, rate_limited=1, retries=1)
+    assert progress_line(row, time.monotonic()).endswith("2 requests, 1 429, 1 retry")
+
+
+def test_live_table_and_summary_order_their_columns_alike() -> None:
+    from asyncsubs.cli._summaries import sync_summary
+
+    progress = Progress()
+    progress.add("acme", "orders")
+    stream = io.StringIO()
+    sync_summary(progress, 1.0, "s.db", stream=stream)
+    summary = stream.getvalue().splitlines()[1].split()
+    shared = [h for h in LIVE_HEADERS if h in summary]
+    assert shared == [h for h in summary if h in shared]
+    assert shared.index("429s") + 1 == shared.index("retries")
+
+
+def test_a_store_never_reached_achieved_no_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Attempts that never reached a server are no request rate achieved."""
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "http://127.0.0.1:{unused_port()}"\ntoken_env = "A"\n'
+        'resources = ["orders"]\nmax_attempts = 2\n'
+        '[defaults.limits]\nheavy = { orders = "20/s" }\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", "token")
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db")]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^acme\s+orders\s+failed\s+0\s+0\s+0\s+2\s+- \(20\.00\)\s", out, re.M), out
+
+
+def test_help_says_every_default_and_seconds_alike(capsys: Any) -> None:
+    def help_of(command: str) -> str:
+        assert main([command, "--help"]) == 0
+        return " ".join(capsys.readouterr().out.split())  # unwrapped
+
+    sync = help_of("sync")
+    assert "orders; default: each store's resources key, else all three)" in sync
+    assert "--store ID only this store from the config (repeatable; default: every store" in sync
+    assert "--store ID only this store's (repeatable; default: every store's)" in help_of(
+        "dead-letters"
+    )
+    pull = help_of("pull")
+    assert "--timeout SECONDS seconds per attempt (default: 30.0)" in pull
+    assert "TIMEOUT" not in pull

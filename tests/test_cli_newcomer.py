@@ -97,7 +97,7 @@ def test_pull_says_what_rate_the_server_allowed_after_429s(capsys: Any) -> None:
         )
     err = capsys.readouterr().err
     assert "retrying after RateLimitError" in err
-    found = re.search(r"80 orders in 8 pages \([\d.]+s\); (\d+) 429s: the server allowed about "
+    found = re.search(r"80 orders in 8 pages \([\d.]+s\); (\d+) 429s?: the server allowed about "
                       r"([\d.]+) requests/s \(configured: 10/s\)", err)  # fmt: skip
     assert found, err
     assert int(found[1]) >= 1
@@ -112,6 +112,11 @@ def test_a_full_disk_or_an_impossible_file_is_one_line(
     assert main(pull(server, "orders", "-o", "/dev/full", "-q")) == 1
     err = capsys.readouterr().err
     assert err == "asyncsubs: error: cannot write /dev/full: No space left on device\n"
+    # A page small enough to wait in the buffer fails at its flush, and not again at close.
+    assert main(pull(server, "orders", "-o", "/dev/full", "-q", "--limit", "1")) == 1
+    err = capsys.readouterr().err
+    assert err == "asyncsubs: error: cannot write /dev/full: No space left on device\n"
+    # A path that cannot be opened is found before any request: a usage error.
     assert main(pull(server, "orders", "-o", "/proc/no-such.jsonl", "-q")) == 2
     err = capsys.readouterr().err
     assert err == "asyncsubs: error: cannot write /proc/no-such.jsonl: No such file or directory\n"
@@ -180,6 +185,35 @@ def test_sync_status_shows_an_sqlite_database_too(
     assert f"3 units in {db}: 2 done, 1 pending" in out
     assert main(["sync-status", "--db", str(tmp_path / "none.db")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_sync_status_and_dead_letters_print_json_as_sync_logs_it(
+    synced: Callable[..., Path], tmp_path: Path, capsys: Any
+) -> None:
+    db = synced("-q")
+    capsys.readouterr()
+    assert main(["sync-status", "--db", str(db), "--json"]) == 0
+    status = orjson.loads(capsys.readouterr().out)
+    assert status["database"] == str(db)
+    assert status["states"] == {"done": 3}
+    orders = next(u for u in status["units"] if u["resource"] == "orders")
+    assert (orders["store"], orders["state"], orders["records"], orders["pages"]) == (
+        "acme",
+        "done",
+        137,
+        3,
+    )
+    assert main(["dead-letters", "--db", str(db), "--json", "--log-format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert orjson.loads(captured.out) == {"database": str(db), "dead_letters": []}
+    (note,) = [orjson.loads(line) for line in captured.err.splitlines()]
+    assert note["level"] == "note"
+    assert "never run sync --listen" in note["message"]
+    # An error, too, is a JSON line.
+    assert main(["sync-status", "--db", str(tmp_path / "none.db"), "--log-format", "json"]) == 2
+    (error,) = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert error["level"] == "error"
+    assert "does not exist" in error["message"]
 
 
 def test_sync_summary_shows_the_achieved_against_the_allowed_rate(
@@ -252,7 +286,7 @@ def test_an_interrupted_demo_counts_its_rows_and_its_time(tmp_path: Path) -> Non
         rows = dict(
             conn.execute("SELECT 'acme-coffee/' || resource, run_records FROM asyncsubs_sync_state")
         )
-    elapsed = float(re.search(r" 429s in ([\d.]+)s", text)[1])  # type: ignore[index]
+    elapsed = float(re.search(r" 429s? in ([\d.]+)s", text)[1])  # type: ignore[index]
     lines = [line.split() for line in text.splitlines() if line.startswith("acme-coffee ")]
     assert len(lines) == 3, text
     for store, resource, records, in_db, *_, time_cell in lines:

@@ -208,6 +208,51 @@ async def test_interrupted_extract_reruns_exactly(
         assert set(loaded(pipeline, resource)) == set(served(server, resource))
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first-run", "later-run"])
+async def test_a_run_after_a_failed_load_only_loads_its_package(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, tmp_path: Path, first: bool
+) -> None:
+    """As docs/dlt.md says: a package left pending (its load killed or failed) is what the
+    next run loads, and all it does; the run after it pulls what changed. Unless no load ever
+    reached the destination: then dlt drops the package, and the next run pulls anew."""
+
+    def process() -> dlt.Pipeline:  # each run in a process of its own: the pipeline attached
+        return dlt.pipeline(
+            pipeline_name=pipeline.pipeline_name,
+            destination=dlt.destinations.duckdb(str(tmp_path / "warehouse.duckdb")),
+            pipelines_dir=str(tmp_path / "pipelines"),
+            dataset_name="subs",
+        )
+
+    def source() -> Any:
+        return subscription_service(stores=stores_of(server), incremental=INCREMENTAL)
+
+    if not first:
+        await run(process(), source())
+        for name in STORES:
+            await server.mutator(name, seed=5).run(steps=10)
+    killed = process()
+    await asyncio.to_thread(killed.extract, source())
+    await asyncio.to_thread(killed.normalize)  # extracted and normalized, never loaded
+    assert killed.has_pending_data
+    for name in STORES:
+        await server.mutator(name, seed=6).run(steps=10)
+    server.clear_requests()
+
+    await run(process(), source())
+    assert not process().has_pending_data
+    if first:  # the package dropped, everything pulled and loaded
+        assert len(list_requests(server)) == 3 * 3 * 3
+    else:
+        assert list_requests(server) == []  # nothing pulled: the pending package, loaded
+        assert loaded(pipeline, "orders")
+        await run(process(), source())
+        assert list_requests(server)  # the changes since
+    for resource in RESOURCES:
+        got, want = loaded(pipeline, resource), served(server, resource)
+        assert {k: v.strftime(STAMP) for k, v in got.items()} == want
+
+
 def chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     stack = [exc]

@@ -495,6 +495,27 @@ async def test_sliding_window(session: aiohttp.ClientSession, clock: ManualClock
     assert stats.statuses == {200: 4, 429: 2}
 
 
+@pytest.mark.parametrize("window", ["fixed", "leaky"])
+async def test_peak_counts_starts_as_the_window_does(
+    session: aiohttp.ClientSession, clock: ManualClock, window: Literal["fixed", "leaky"]
+) -> None:
+    """A fixed window accepts its limit on both sides of a boundary, a full bucket its burst
+    and then what refilled: more starts within 1 s than 2 per 1 s, none of them refused. The
+    peak counts them as the server does, and never reads as more than the limit."""
+    rate = Rate(2, per=1)
+    async with limited(heavy={"subscriptions": rate}, window=window) as server:
+        clock.align(1, 0.55)
+        replies = [await call(session, server, "subscriptions") for _ in range(2)]
+        clock.advance(0.5 if window == "fixed" else 0.6)  # a new window; a bucket 1.2 fuller
+        replies += [await call(session, server, "subscriptions") for _ in range(2)]
+        pool = server.stats("acme").pool("subscriptions")
+    accepted = 4 if window == "fixed" else 3
+    assert [r.status for r in replies] == [200] * accepted + [429] * (4 - accepted)
+    assert pool.max_in_window(rate.per) == accepted  # within 1 s: not the server's count
+    assert pool.peak(rate, window) == 2
+    assert pool.peak(rate, "sliding") == accepted
+
+
 async def test_heavy_pools_are_independent_of_global(
     session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:

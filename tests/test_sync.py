@@ -30,6 +30,7 @@ from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._display import PlainLines, live_row
 from asyncsubs.cli._progress import Progress
+from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.errors import ConfigError
 from asyncsubs.limiting import PoolStats
 from asyncsubs.sync import (
@@ -409,11 +410,16 @@ def test_plain_progress_lines() -> None:
     assert lines[-1].endswith("s); 1 row in the table for this store")
     assert lines[0] == "acme/orders: resuming from its saved cursor"
     assert lines[1].startswith("acme/orders: running (resumed), 50 records, 2 pages, ")
-    assert lines[1].endswith("0 requests, 0 retries, 0 429s (+40 before resuming)")
+    assert lines[1].endswith("0 requests, 0 429s, 0 retries (+40 before resuming)")
     assert lines[2].startswith("acme/orders: done, 50 records in 2 pages (")
     assert lines[2].endswith("; 90 rows in the table for this store")
     # The live table's records cell says what the interrupted process committed, too.
     assert live_row(row, time.monotonic())[3] == "50 (+40 before)"
+    # And so does the summary, in its row and its total.
+    summary = io.StringIO()
+    sync_summary(progress, 2.0, "subs.db", stream=summary)
+    assert re.search(r"^acme\s+orders\s+done\s+50 \(\+40 before\)\s+2\s", summary.getvalue(), re.M)
+    assert "51 records (+40 before resuming) from 1 store in 2.0s" in summary.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------

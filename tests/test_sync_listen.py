@@ -350,9 +350,9 @@ def test_plain_progress_shows_webhook_counters_when_they_change() -> None:
     assert lines == [
         "webhooks of store acme: POST http://h:1/webhooks/acme",
         "webhooks: 12 accepted, 2 duplicates, 15 applied (3 deletes), 1 stale, 0 ignored, "
-        "1 dead letters, 0 refused",
+        "1 dead letter, 0 refused",
         "webhooks: 12 accepted, 2 duplicates, 15 applied (3 deletes), 1 stale, 1 ignored, "
-        "1 dead letters, 0 refused",
+        "1 dead letter, 0 refused",
     ]
 
 
@@ -752,6 +752,7 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
         assert await asyncio.to_thread(main, ["dead-letters", "--db", str(db)]) == 0
         listed = capsys.readouterr().out
         assert re.search(r"^acme\s+d-1\s+orders/update\s+5\s", listed, re.M), listed
+        assert f"1 dead letter in {db}" in listed
 
         # Still failing at the next two starts: 10, then 15 attempts; then no more on start.
         for _ in range(2):

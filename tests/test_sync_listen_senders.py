@@ -523,7 +523,7 @@ async def test_the_command_shows_refusals_once_each_and_counts_them(
                 statuses.append(await post(urls["acme"], body, hmac_headers(SECRETS["acme"], body)))
             assert statuses == [401] * 5 + [200] * 2
             counted = (
-                ("2 applied (1 deletes)", "5 refused (")
+                ("2 applied (1 delete)", "5 refused (")
                 if output[0] == "--progress"
                 else ('"applied":2,', '"refused":5,')
             )

@@ -337,7 +337,7 @@ def test_sync_into_postgres_then_rerun_and_status(
 def main_args(url: str) -> Any:
     import argparse
 
-    return argparse.Namespace(db=url)
+    return argparse.Namespace(db=url, json=False)
 
 
 def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:

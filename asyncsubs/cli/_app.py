@@ -70,25 +70,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(json=getattr(args, "log_format", "text") == "json")
-    with _debug_logging(args.debug, out):
+    with _library_logging(args.debug, out, quiet=getattr(args, "quiet", False)):
         return _run(args.handler, args, out)
 
 
+class _OutputHandler(logging.Handler):
+    """The library's warnings and errors as the command's own lines (``asyncsubs: warning:
+    ...``, or JSON lines), rather than Python's bare last-resort lines on stderr; errors only
+    with --quiet. A logger with a handler of its own is one a command shows its own way (sync
+    --listen's receivers, among its progress): not said twice."""
+
+    def __init__(self, out: Output, *, quiet: bool) -> None:
+        super().__init__(logging.ERROR if quiet else logging.WARNING)
+        self.out = out
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger(record.name).handlers and super().filter(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say = self.out.error if record.levelno >= logging.ERROR else self.out.warning
+        say(record.getMessage())
+
+
 @contextlib.contextmanager
-def _debug_logging(enabled: bool, out: Output) -> Iterator[None]:
-    """--debug: the library's debug log on stderr (removed again, for in-process callers)."""
-    if not enabled:
-        yield
-        return
+def _library_logging(debug: bool, out: Output, *, quiet: bool) -> Iterator[None]:
+    """The library's log on stderr while the command runs (removed again, for in-process
+    callers): its warnings as the command's lines; with --debug, everything, timestamped."""
     logger = logging.getLogger("asyncsubs")
-    handler = logging.StreamHandler(sys.stderr)
-    if out.json:
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler: logging.Handler = _OutputHandler(out, quiet=quiet)
+    if debug:
+        handler = logging.StreamHandler(sys.stderr)
+        if out.json:
+            handler.setFormatter(JsonLogFormatter())
+        else:
+            fields = "%(asctime)s %(name)s %(levelname)s %(message)s"
+            handler.setFormatter(logging.Formatter(fields))
     level = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    if debug:
+        logger.setLevel(logging.DEBUG)
     try:
         yield
     finally:

@@ -32,6 +32,7 @@ __all__ = [
     "Parser",
     "Runner",
     "event_loop_factory",
+    "fraction",
     "non_negative_int",
     "output_options",
     "positive_float",
@@ -78,6 +79,10 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     return float(_number(text, float, "a positive number", lambda v: 0 < v < float("inf")))
+
+
+def fraction(text: str) -> float:
+    return float(_number(text, float, "a fraction in (0, 1]", lambda v: 0 < v <= 1))
 
 
 def rate(text: str) -> Any:

@@ -14,7 +14,8 @@ from typing import IO, Any
 from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
 from ._output import Output
-from ._tables import print_table
+from ._progress import plural
+from ._tables import print_json, print_table, report_options
 
 __all__ = ["add_parser", "dead_letters"]
 
@@ -35,9 +36,13 @@ def add_parser(commands: Any) -> None:
         "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://..."
     )
     parser.add_argument(
-        "--store", action="append", metavar="ID", help="only this store's (repeatable)"
+        "--store",
+        action="append",
+        metavar="ID",
+        help="only this store's (repeatable; default: every store's)",
     )
     parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    report_options(parser)
     parser.set_defaults(handler=cmd_dead_letters, debug=False)
 
 
@@ -64,6 +69,22 @@ async def dead_letters(
     return letters, moved
 
 
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the table shows it (its body stays in the database)."""
+    return {
+        "store": letter.store,
+        "event_id": letter.event_id,
+        "topic": letter.topic,
+        "attempts": letter.attempts,
+        "failed_at": datetime.fromtimestamp(letter.failed_at, UTC).isoformat(),
+        "error": letter.error,
+    }
+
+
 def cmd_dead_letters(
     args: argparse.Namespace, out: Output, *, stream: IO[str] | None = None
 ) -> int:
@@ -74,23 +95,34 @@ def cmd_dead_letters(
         out.note(
             f"no dead letters: {sink.where} has never run sync --listen (it has no webhook tables)"
         )
+        if args.json:
+            print_json({"database": sink.where, "dead_letters": []}, stream=stream)
         return 0
     letters, moved = found
+    if args.json:
+        document: dict[str, Any] = {
+            "database": sink.where,
+            "dead_letters": [_letter_json(letter) for letter in letters],
+        }
+        if args.requeue:
+            document["moved"] = moved
+        print_json(document, stream=stream)
+        return 0
     rows = [
         [
             letter.store or "",
             letter.event_id,
             letter.topic or "",
             str(letter.attempts),
-            datetime.fromtimestamp(letter.failed_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            _utc(letter.failed_at),
             letter.error,
         ]
         for letter in letters
     ]
-    footer = [f"{len(letters)} dead letters in {sink.where} (table webhook_dead_letters)"]
+    footer = [f"{plural(len(letters), 'dead letter')} in {sink.where} (table webhook_dead_letters)"]
     if args.requeue:
         footer.append(
-            f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
+            f"{moved:,} moved to webhook_inbox: sync --listen applies them when it next starts"
         )
     print_table(
         "webhook dead letters",

@@ -23,6 +23,7 @@ import attrs
 
 from .. import Limits, Rate
 from ..errors import ConfigError
+from ..limiting import PoolStats
 from ..sync import (
     DEFAULT_PAGE_SIZE,
     RESOURCES,
@@ -164,7 +165,7 @@ class _PoolReport:
     """One heavy pool as the server saw it."""
 
     achieved: float | None  # accepted starts per second
-    peak: int  # most accepted starts in any window of the pool's length
+    peak: int  # most starts the server's window held at once, counted its way (<= its limit)
 
 
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
@@ -253,9 +254,17 @@ def _server_reports(
             span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
             reports[(s.name, resource)] = _PoolReport(
                 achieved=(len(starts) - 1) / span if span > 0 else None,
-                peak=pool.max_in_window(s.heavy[resource].per),
+                peak=pool.peak(s.heavy[resource], s.window),
             )
     return reports
+
+
+def learned_rate(stats: PoolStats) -> float | None:
+    """The rate a discovering pool found: the one it settled at after a 429 (or remembered,
+    or was told), else the highest that ran clean; a raise not yet tried is not found."""
+    if stats.rate_by == "probe":
+        return stats.good
+    return None if stats.rate_by in ("configured", "start") else stats.rate
 
 
 def _summary(
@@ -279,28 +288,28 @@ def _summary(
             achieved = (
                 "-" if report is None or report.achieved is None else f"{report.achieved:.2f}"
             )
-            learned = (
-                f"{row.stats.rate:.2f}" if row.stats.rate_by not in ("configured", "start") else "-"
-            )
+            found = learned_rate(row.stats)
+            learned = "-" if found is None else f"{found:.2f}"
             page = row.stats.page_size
             rows.append(
                 [
                     store.name,
                     resource,
-                    f"{row.records:,}",
+                    row.records_cell(),
                     "" if row.rows is None else f"{row.rows:,}",
                     f"{row.stats.requests:,}",
                     f"{row.stats.rate_limited:,}",
                     achieved,
                     learned,
-                    f"{rate.per_second:.2f}",
+                    f"{rate.per_second:.2f} ({rate.n}/{rate.per:g}s {store.window})",
                     "-" if report is None else f"{report.peak}/{rate.n}",
                     f"{page:,}" if page else "-",
                     f"{store.page:,} ({store.over_max})",
                     f"{row.elapsed():.1f}s",
                 ]
             )
-    windows = ", ".join(f"{s.name}: {s.window}" for s in stores)
+    before = progress.records_before
+    resumed = f" (+{before:,} before resuming)" if before else ""
     print_table(
         "asyncsubs demo: records per store and resource",
         [
@@ -313,7 +322,7 @@ def _summary(
             "req/s achieved",
             "learned",
             "allowed",
-            "peak/window",
+            "peak/limit",
             "page learned",
             "page allowed",
             "time",
@@ -321,17 +330,22 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{plural(progress.records, 'record')}, {plural(total_requests, 'request')}, "
-            f"{total_429:,} 429s in {elapsed:.1f}s (the fake server started in {startup:.1f}s "
-            "before)",
+            f"{plural(progress.records, 'record')}{resumed}, {plural(total_requests, 'request')}, "
+            f"{plural(total_429, '429')} in {elapsed:.1f}s (the fake server started in "
+            f"{startup:.1f}s before)",
             "req/s achieved: accepted request starts per second, as the server measured them; "
-            "learned: the rate the client found (it was told neither that nor the page size); "
-            "allowed: the server's",
+            "learned: the rate the client found, refused by the server or run clean (a raise "
+            "not yet tried is not; it was told neither rate nor page size); allowed: the "
+            "server's, and how its window counts",
             "429s: a pool raises its rate after clean time and, refused, settles just under "
             "what the server accepted; a rerun with the same --db starts there, without them",
-            "peak/window: most starts the server saw in any window of the pool's length / limit",
+            "windows: sliding: at most n starts in any trailing window; fixed: n in each window "
+            "aligned to the clock (n more may start just after its end); leaky: a bucket of n "
+            "refilled at n per window (full, it lets n through at once, so a rate above the "
+            "refill runs clean until the bucket empties)",
+            "peak/limit: the most starts the server's window held at once, counted as that "
+            "window counts, against its n: never above it (the server answers 429 instead)",
             "page allowed: the server's largest page, and what a larger one gets (clamp: cut "
             "short; reject: a 400)",
-            f"server rate-limit windows: {windows}",
         ],
     )

@@ -52,8 +52,8 @@ LIVE_HEADERS: Final = (
     "requests",
     "req/s (allowed)",
     "page",
-    "retries",
     "429s",
+    "retries",
     "time",
     "last error",
 )
@@ -103,7 +103,7 @@ def progress_line(row: UnitRow, now: float) -> str:
         f"{row.key}: {status(row)}, {plural(row.records, 'record')}, "
         f"{plural(row.pages, 'page')}, "
         f"{rate(row.record_rate(now))} records/s, {plural(stats.requests, 'request')}, "
-        f"{plural(stats.retries, 'retry', 'retries')}, {stats.rate_limited:,} 429s"
+        f"{plural(stats.rate_limited, '429')}, {plural(stats.retries, 'retry', 'retries')}"
     )
     if row.records_before:
         line += f" (+{row.records_before:,} before resuming)"
@@ -121,8 +121,8 @@ def row_figures(row: UnitRow) -> dict[str, Any]:
         "pages": row.pages,
         "records_before_resuming": row.records_before,
         "requests": stats.requests,
-        "retries": stats.retries,
         "rate_limited": stats.rate_limited,
+        "retries": stats.retries,
         "elapsed": round(row.elapsed(), 3),
     }
     optional = {"rows": row.rows, "error": row.error, "last_error": row.last_error}
@@ -254,14 +254,14 @@ def live_row(row: UnitRow, now: float) -> list[str]:
         row.store,
         row.resource,
         status(row),
-        f"{row.records:,}" + (f" (+{row.records_before:,} before)" if row.records_before else ""),
+        row.records_cell(),
         f"{row.pages:,}",
         rate(row.record_rate(now)),
         f"{stats.requests:,}",
         allowed_cell(row, now),
         page_cell(row),
-        f"{stats.retries:,}",
         f"{stats.rate_limited:,}",
+        f"{stats.retries:,}",
         f"{elapsed:.1f}s",
         _shorten(row.error or row.last_error or "", LAST_ERROR_WIDTH),
     ]

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigError
+from ..settings import is_loopback
 from ._common import non_negative_int, positive_int
 from ._output import Output
 
 if TYPE_CHECKING:
     from ..testing import FakeAdminServer, ServerRateLimits
 
-__all__ = ["add_parser", "env_name"]
+__all__ = ["add_parser", "env_name", "paste_url"]
 
 
 def add_parser(commands: Any) -> None:
@@ -27,7 +28,12 @@ def add_parser(commands: Any) -> None:
             "Ctrl-C stops it."
         ),
     )
-    fake.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    fake.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (0.0.0.0: every interface; what it prints reaches it on "
+        "loopback)",
+    )
     fake.add_argument("--port", type=non_negative_int, default=8080, help="0 = any free port")
     fake.add_argument("--stores", type=positive_int, default=2, metavar="N", help="stores")
     fake.add_argument(
@@ -49,19 +55,43 @@ def env_name(store: str) -> str:
     return "FAKE_" + "".join(c if c.isalnum() else "_" for c in store).upper() + "_TOKEN"
 
 
+#: Hosts that listen on every interface: a client on this machine reaches them on loopback.
+_EVERY_INTERFACE: Final = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}
+
+
+def paste_url(host: str, port: int) -> tuple[str, bool]:
+    """The base URL a client on this machine pastes for a server on ``host``, and whether it
+    needs plain http allowed (a host that is not loopback: the client refuses it otherwise)."""
+    if (local := _EVERY_INTERFACE.get(host)) is not None:
+        return f"http://{local}:{port}", False
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}", not is_loopback(host)
+
+
 def _usage(server: FakeAdminServer, limits: ServerRateLimits | None) -> list[str]:
     envs = {name: env_name(name) for name in server.tokens}
     first, first_token = next(iter(server.tokens.items()))
+    url, insecure = paste_url(server.host, server.port)
     pull_rate = "" if limits is None else f" --rate {limits.heavy['subscriptions']}"
+    allow = " --allow-insecure" if insecure else ""
+    where = f"{url} (API base {url}/admin/{server.version}/)"
+    if server.host in _EVERY_INTERFACE:
+        where = (
+            f"every interface, port {server.port}: {where} from this machine; from another, "
+            f"http://THIS-HOST:{server.port} with --allow-insecure (allow_insecure = true in "
+            "stores.toml): plain http, for a trusted network only"
+        )
+    elif insecure:
+        where += ": plain http off loopback, allowed below for a trusted network only"
     lines = [
-        f"fake admin server on {server.base_url} (API base {server.api_url}); Ctrl-C stops it",
+        f"fake admin server on {where}; Ctrl-C stops it",
         "",
         *(f"store {name}: token {token}" for name, token in server.tokens.items()),
         "",
         f"# pull from {first}:",
-        f"export ASYNCSUBS_BASE_URL={server.base_url}",
+        f"export ASYNCSUBS_BASE_URL={url}",
         f"export ASYNCSUBS_TOKEN={first_token}",
-        f"asyncsubs pull subscriptions --store {first} --limit 5{pull_rate}",
+        f"asyncsubs pull subscriptions --store {first} --limit 5{pull_rate}{allow}",
         "",
         "# sync every store: save the TOML below as stores.toml, then",
         *(f"export {envs[name]}={token}" for name, token in server.tokens.items()),
@@ -69,6 +99,7 @@ def _usage(server: FakeAdminServer, limits: ServerRateLimits | None) -> list[str
         "",
         "[defaults]",
         f"page_size = {server.max_page_size}  # the fake server's largest page",
+        *(["allow_insecure = true  # plain http off loopback: a trusted network only"] * insecure),
         "",
     ]
     if limits is not None:
@@ -80,7 +111,7 @@ def _usage(server: FakeAdminServer, limits: ServerRateLimits | None) -> list[str
             "",
         ]
     for name in server.tokens:
-        lines += [f"[stores.{name}]", f'base_url = "{server.base_url}"']
+        lines += [f"[stores.{name}]", f'base_url = "{url}"']
         lines += [f'token_env = "{envs[name]}"', ""]
     return lines
 

@@ -74,6 +74,11 @@ class UnitRow:
         end = self.finished if self.finished is not None else now or time.monotonic()
         return max(end - self.started, 0.0)
 
+    def records_cell(self) -> str:
+        """This run's records, and those an interrupted process committed before it resumed."""
+        before = f" (+{self.records_before:,} before)" if self.records_before else ""
+        return f"{self.records:,}{before}"
+
     def record_rate(self, now: float | None = None) -> float:
         elapsed = self.elapsed(now)
         return self.records / elapsed if elapsed > 0 else 0.0
@@ -88,7 +93,7 @@ class UnitRow:
 #: How a pool's rate came to be, as the displays say it (a configured one needs no word).
 _RATE_BY: Final = {
     "start": "to start",
-    "probe": "learned",
+    "probe": "probing",
     "429": "learned",
     "remembered": "learned before",
     "server": "announced",
@@ -96,12 +101,15 @@ _RATE_BY: Final = {
 
 
 def learned_text(stats: PoolStats) -> str:
-    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``;
-    empty for a pool with a fixed rate and no page size learned."""
+    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``,
+    ``4.00 req/s probing (2.00 ran clean)``; empty for a pool with a fixed rate and no page
+    size learned."""
     parts = []
     how = _RATE_BY.get(stats.rate_by)
     if how is not None and stats.rate:
         parts.append(f"{stats.rate:.2f} req/s {how}")
+        if stats.rate_by == "probe" and stats.good:  # a raise not tried yet: not learned
+            parts[-1] += f" ({stats.good:.2f} ran clean)"
         if stats.ceiling_found and stats.rate_by != "server":
             parts[-1] += f" (refused at {stats.ceiling_found:.2f})"
     if stats.page_size:
@@ -111,8 +119,9 @@ def learned_text(stats: PoolStats) -> str:
 
 def allowed_cell(row: UnitRow, now: float | None = None) -> str:
     """Requests per second achieved, and the pool's rate in force: configured, announced or
-    learned (``1.96 (2.00 learned)``)."""
-    achieved = f"{row.request_rate(now):.2f}"
+    learned (``1.96 (2.00 learned)``). Nothing is achieved before a page came back: attempts
+    that never reached the server (or were all refused) are no pace (``- (2.00)``)."""
+    achieved = f"{row.request_rate(now):.2f}" if row.pages else "-"
     stats, allowed = row.stats, row.allowed
     if stats.rate and stats.rate_by != "configured":
         how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
@@ -213,3 +222,8 @@ class Progress:
     @property
     def records(self) -> int:
         return sum(row.records for row in self.rows.values())
+
+    @property
+    def records_before(self) -> int:
+        """Records committed by interrupted processes before the rows resumed."""
+        return sum(row.records_before for row in self.rows.values())

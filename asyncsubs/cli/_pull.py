@@ -129,7 +129,13 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         default=DEFAULT_VERSION,
         help="the interface version in the path (default: %(default)s, the one implemented)",
     )
-    pull.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per attempt")
+    pull.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds per attempt",
+    )
     pull.add_argument(
         "--max-attempts", type=positive_int, default=6, metavar="N", help="attempts per request"
     )
@@ -364,7 +370,10 @@ class Pull:
             return EXIT_OK
         finally:
             if self.file is not None:
-                self.file.close()
+                # Every page was flushed as written; a write that failed left its bytes in the
+                # buffer, and closing would fail on them again over the one line said already.
+                with contextlib.suppress(OSError):
+                    self.file.close()
         (row,) = self.runner.progress.rows.values()
         if row.state == "failed":
             # The plain and JSON lines printed the failure when it happened.
@@ -392,7 +401,7 @@ class Pull:
         """After 429s, the pace the server allowed (as the client slowed to it)."""
         if not stats.rate_limited:
             return ""
-        said = f"; {stats.rate_limited:,} 429s"
+        said = f"; {plural(stats.rate_limited, '429')}"
         if stats.paced_by != "429" or not stats.interval:
             return said
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"

@@ -8,10 +8,12 @@ import collections
 import sys
 from typing import IO, Any
 
+import attrs
+
 from ..sync import sink_for
 from ._output import Output
 from ._progress import plural
-from ._tables import print_table
+from ._tables import print_json, print_table, report_options
 
 __all__ = ["add_parser", "cmd_sync_status"]
 
@@ -29,6 +31,7 @@ def add_parser(commands: Any) -> None:
     status.add_argument(
         "--db", required=True, metavar="URL", help="sqlite:///path.db or postgresql://user@host/db"
     )
+    report_options(status)
     status.set_defaults(handler=cmd_sync_status, debug=False)
 
 
@@ -60,6 +63,13 @@ def cmd_sync_status(
         for unit in units
     ]
     counts = collections.Counter(row[2] for row in rows)
+    if args.json:
+        units_json = [
+            {**attrs.asdict(unit), "state": row[2]} for unit, row in zip(units, rows, strict=True)
+        ]
+        document = {"database": sink.where, "units": units_json, "states": dict(counts)}
+        print_json(document, stream=stream or sys.stdout)
+        return 0
     print_table(
         "sync units",
         [

@@ -24,7 +24,7 @@ def sync_summary(
                 row.store,
                 row.resource,
                 row.state,
-                f"{row.records:,}",
+                row.records_cell(),
                 f"{row.pages:,}",
                 "" if row.rows is None else f"{row.rows:,}",
                 f"{stats.requests:,}",
@@ -36,8 +36,13 @@ def sync_summary(
             ]
         )
     stores = plural(len({row.store for row in progress.rows.values()}), "store")
+    before = progress.records_before
+    resumed = f" (+{before:,} before resuming)" if before else ""
     if runs is None:
-        done = f"{plural(progress.records, 'record')} from {stores} in {elapsed:.1f}s into {where}"
+        done = (
+            f"{plural(progress.records, 'record')}{resumed} from {stores} in {elapsed:.1f}s "
+            f"into {where}"
+        )
     else:  # --listen: the rows show the last pull; the total counts every one
         done = (
             f"{plural(progress.pulled, 'record')} pulled in {plural(runs, 'run')} from "

@@ -36,6 +36,7 @@ from ._common import (
     EXIT_TERMINATED,
     CommandFailed,
     Runner,
+    fraction,
     positive_float,
     positive_int,
 )
@@ -81,6 +82,13 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "its budget holds across workers (or the config key redis)",
     )
     sync.add_argument(
+        "--redis-fallback",
+        type=fraction,
+        metavar="FRACTION",
+        help="while that Redis fails, pace each worker alone at FRACTION of each rate (0.25 "
+        "for 4 workers) instead of failing its requests (or the config key redis_fallback)",
+    )
+    sync.add_argument(
         "--lease",
         type=positive_float,
         default=DEFAULT_LEASE,
@@ -92,7 +100,8 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "--resources",
         nargs="+",
         metavar="RESOURCE",
-        help=f"only these resources for every store ({', '.join(RESOURCES)})",
+        help=f"only these resources for every store ({', '.join(RESOURCES)}; default: each "
+        "store's resources key, else all three)",
     )
     sync.add_argument(
         "--max-stores",
@@ -105,7 +114,7 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "--store",
         action="append",
         metavar="ID",
-        help="only this store from the config (repeatable)",
+        help="only this store from the config (repeatable; default: every store in it)",
     )
     listen = sync.add_argument_group("webhooks (keep running until Ctrl-C or SIGTERM)")
     listen.add_argument(
@@ -140,6 +149,10 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     )
     if redis is not None:
         configs = [attrs.evolve(config, redis=redis) for config in configs]
+    if args.redis_fallback is not None:
+        if not any(config.redis for config in configs):
+            raise ConfigError("--redis-fallback needs --redis (or the config key redis)")
+        configs = [attrs.evolve(config, redis_fallback=args.redis_fallback) for config in configs]
     runner = Runner(args, out)
     with sink.lock():
         if args.listen is not None:

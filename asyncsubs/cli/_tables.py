@@ -1,11 +1,35 @@
-"""Tables for summaries: aligned plain text, or rich's boxed table on a wide enough terminal."""
+"""Tables for summaries: aligned plain text, or rich's boxed table on a wide enough terminal;
+for a command whose output is its table (``sync-status``, ``dead-letters``), ``--json`` prints
+the same figures as one JSON document instead, and ``--log-format json`` its notes and errors
+as JSON lines, as for ``sync``."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Sequence
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["format_table", "print_table", "rich_available"]
+from ..json import dumps
+
+__all__ = ["format_table", "print_json", "print_table", "report_options", "rich_available"]
+
+
+def report_options(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--log-format``, for a command whose output is its table."""
+    parser.add_argument(
+        "--json", action="store_true", help="the table's figures as one JSON document on stdout"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: notes and errors on stderr as one JSON object per line, as for sync",
+    )
+
+
+def print_json(document: Any, *, stream: IO[str]) -> None:
+    stream.write(dumps(document).decode() + "\n")
+    stream.flush()
 
 
 def rich_available() -> bool:

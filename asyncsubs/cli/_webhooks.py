@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import attrs
 
 from ..sync import WebhookCounts, WebhookRefused
+from ._progress import plural
 
 __all__ = ["WebhookTotals", "by_reason", "refusal_line", "refusals", "refused", "webhook_totals"]
 
@@ -30,9 +31,9 @@ class WebhookTotals:
 
     def line(self) -> str:
         line = (
-            f"webhooks: {self.accepted:,} accepted, {self.duplicates:,} duplicates, "
-            f"{self.applied:,} applied ({self.deletes:,} deletes), {self.stale:,} stale, "
-            f"{self.ignored:,} ignored, {self.dead_letters:,} dead letters, "
+            f"webhooks: {self.accepted:,} accepted, {plural(self.duplicates, 'duplicate')}, "
+            f"{self.applied:,} applied ({plural(self.deletes, 'delete')}), {self.stale:,} stale, "
+            f"{self.ignored:,} ignored, {plural(self.dead_letters, 'dead letter')}, "
             f"{self.refused:,} refused"
         )
         if self.refusals:

@@ -125,6 +125,9 @@ class StoreConfig:
     #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
     #: budget shared by every worker. May hold a password, hence no repr.
     redis: str | None = attrs.field(default=None, repr=False)
+    #: While that Redis fails, pace in this process alone at this fraction of each rate
+    #: (``redis_fallback`` key; ``RedisLimiter``'s ``fallback_fraction``); None: requests fail.
+    redis_fallback: float | None = None
 
 
 # -- values ----------------------------------------------------------------------------------
@@ -212,6 +215,9 @@ _fraction = _problem(
     lambda v: _number(v) and 0 <= v < 1, "must be a fraction in [0, 1), e.g. 0.02, got {value!r}"
 )
 _boolean = _problem(lambda v: isinstance(v, bool), "must be true or false, got {value!r}")
+_share = _problem(
+    lambda v: _number(v) and 0 < v <= 1, "must be a fraction in (0, 1], e.g. 0.25, got {value!r}"
+)
 _url = _problem(lambda v: isinstance(v, str) and bool(v.strip()), "must be a URL")
 _env_name = _problem(
     lambda v: isinstance(v, str) and bool(_ENV_RE.match(v)),
@@ -338,6 +344,7 @@ class StoreOptions:
     webhook_timestamp_tolerance: float | None = _key(_seconds)
     webhook_store_key: str | None = _key(_nonblank)
     redis: str | None = _key(_checked(lambda v: check_redis_url(v, where="redis")))
+    redis_fallback: float | None = _key(_share)
 
 
 @attrs.frozen(kw_only=True)
@@ -591,6 +598,7 @@ def _store(
         webhook=webhook,
         webhook_secret_env=values.get("webhook_secret_env", ""),
         redis=values.get("redis"),
+        redis_fallback=values.get("redis_fallback"),
     )
 
 

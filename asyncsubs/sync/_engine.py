@@ -151,7 +151,11 @@ class SyncEngine:
                     "--redis needs redis-py: pip install 'asyncsubs[redis]'"
                 ) from None
             for url in urls:
-                self.limiters[url] = await self._exit.enter_async_context(RedisLimiter(url))
+                # Stores sharing a Redis with different fallbacks: the smallest share holds.
+                shares = [c.redis_fallback for c in self.configs if c.redis == url]
+                fallback = min((f for f in shares if f is not None), default=None)
+                limiter = RedisLimiter(url, fallback_fraction=fallback)
+                self.limiters[url] = await self._exit.enter_async_context(limiter)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -261,7 +261,7 @@ class ListenSync:
             requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
             if requeued:
                 self.observe(
-                    Message(f"webhooks of store {store}: {requeued} dead letters requeued")
+                    Message(f"webhooks of store {store}: dead letters requeued: {requeued}")
                 )
         self._watching = asyncio.create_task(self._watch_counts())
         shown = f"[{host}]" if ":" in host else host

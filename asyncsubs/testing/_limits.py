@@ -10,7 +10,7 @@ patch ``loop.time`` instead of sleeping.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from typing import Any, Final, Literal, Protocol
 
@@ -193,6 +193,24 @@ class ServerPoolStats:
                 left += 1
             best = max(best, right - left + 1)
         return best
+
+    def peak(self, rate: Rate, window: Window) -> int:
+        """The most of ``rate`` the server's own window held at once: the accepted starts
+        counted as a ``window`` server counts them (starts in any trailing ``rate.per`` when
+        sliding, in any aligned window when fixed, the bucket's fill rounded up when leaky).
+        Never above ``rate.n``, which the server answers 429 beyond. A sliding count of a
+        fixed or leaky pool (``max_in_window``) may be, by up to ``rate.n`` again: starts on
+        both sides of a fixed window's boundary, a full bucket's burst and then its refill."""
+        if window == "sliding":
+            return self.max_in_window(rate.per)
+        if window == "fixed":
+            counts = Counter(math.floor(t / rate.per) for t in self.starts)
+            return max(counts.values(), default=0)
+        bucket, fullest = _Leaky(rate), 0.0
+        for t in self.starts:
+            bucket.acquire(t)
+            fullest = max(fullest, bucket.capacity - bucket.tokens)
+        return math.ceil(fullest - 1e-9)
 
 
 @attrs.frozen
