@@ -19,12 +19,14 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from virtual_clock import VirtualClock
 
+import asyncsubs
 from asyncsubs import AdminClient
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, SLOWDOWN_STEP, Jitter, Slowdown
 from asyncsubs._config import Limits, Rate
@@ -1161,3 +1163,13 @@ async def test_backend_failure_is_limiter_unavailable_and_leaks_nothing(
     await request(sl, "global", starts)
     assert len(starts) == 1
     assert sl.stats().in_flight == 0
+
+
+def test_the_limiter_paces_and_stays_small() -> None:
+    """The limiter's modules read at first sight: pacing only (what pools and pulls learn is
+    kept by ``_learned``, the page size by ``_page_size``), under 450 lines together."""
+    root = Path(asyncsubs.__file__).parent
+    modules = ("_limiter.py", "_server_limits.py", "limiting.py")
+    sources = {name: (root / name).read_text() for name in modules}
+    assert sum(len(text.splitlines()) for text in sources.values()) < 450
+    assert not any("page_size" in text or "PageSize" in text for text in sources.values())
