@@ -286,11 +286,14 @@ class RateSearch:
         self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
         self._set(now, max(self.lowest, rate), "429")
 
-    def announce(self, now: float, rate: float) -> None:
-        """The server announced its quota: pace by it and stop searching."""
+    def announce(self, now: float, rate: float) -> bool:
+        """The server announced its quota: pace by it and stop searching; True when the rate
+        changed."""
+        before = self.rate
         if not self.announced or not math.isclose(rate, self.rate):
             self._set(now, min(self.ceiling, max(self.lowest, rate)), "server")
         self.announced = True
+        return self.rate != before
 
     def snapshot(self, now: float) -> dict[str, object]:
         return {

@@ -120,10 +120,15 @@ class StoreLearning:
         self.store, self._on_taken = store, on_taken
         self._loop_ref = weakref.ref(asyncio.get_running_loop())  # weak: not keeping it alive
         self._exchange = getattr(backend, "exchange", None)
+        self._sharers = getattr(backend, "sharers", None)
         self._keys: dict[str, _Key] = {}
         self._kinds: list[type[Part]] = []  # parts every key holds
         self._sync_at = -math.inf
         self._background: set[asyncio.Task[None]] = set()  # work with the backend: see background
+
+    def sharers(self) -> int:
+        """How many processes pace the store through the backend now (1 unless it says)."""
+        return 1 if self._sharers is None else int(self._sharers(self.store))
 
     def add(self, key: str, part: P) -> P:
         """``part`` writes ``key`` from now on, starting from what it holds."""
