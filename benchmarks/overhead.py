@@ -31,8 +31,8 @@ fell on whichever source was taking its turn, in step with the rotation (with 4 
 source's process gets the same hash seed: identical sources then read within a few %.
 CPU microseconds per page (the source's process) are printed as well.
 
-With ``ASYNCSUBS_AGAINST=<checkout>`` (e.g. ``git worktree add /tmp/old <commit>``) the
-small-record rows add the client at that checkout (models, prefetch=0), in the same turns.
+With ``ASYNCSUBS_AGAINST=<checkout>`` (e.g. ``git worktree add /tmp/old <commit>``) the fast
+server's prefetch=0 rows add the client at that checkout (models), in the same turns.
 
 OpenTelemetry: the client rows run with the API installed and no SDK configured (what a user
 who never set one up gets); two more rows show ``telemetry=False`` (no hook records anything)
@@ -362,12 +362,15 @@ def report_rows(
         report.check(f"{label}{name} / baseline", ratios[name], ">=", target)
 
 
+def against() -> list[str]:
+    """The client at the checkout ``ASYNCSUBS_AGAINST`` names (models, prefetch=0), if any."""
+    return [NO_SDK + AGAINST] if os.environ.get("ASYNCSUBS_AGAINST") else []
+
+
 def small_records(report: Report, loop: str, turns: tuple[int, int]) -> None:
     """The fast server's page of small records, prefetch=0 (and the client at the checkout
     ``ASYNCSUBS_AGAINST`` names, if any, in the same turns)."""
-    names = [*FAST_SEQUENTIAL]
-    if os.environ.get("ASYNCSUBS_AGAINST"):
-        names.append(NO_SDK + AGAINST)
+    names = [*FAST_SEQUENTIAL, *against()]
     with fast_server(PAGE_SIZE, small=True) as server:
         results = take_turns(server, names, *turns, fresh=False, loop=loop)
     report.say(f"  event loop: {loop}; the fast server, a page of {PAGE_SIZE} small records")
@@ -392,7 +395,7 @@ def bench(report: Report) -> None:
         report_rows(report, results, JUDGED, f"{loop}: ")
         page_cpu_us[loop] = results[0][NO_SDK][1]
         with fast_server(PAGE_SIZE) as server:
-            results = measure(server, loop, FAST_SEQUENTIAL, short, long)
+            results = measure(server, loop, [*FAST_SEQUENTIAL, *against()], short, long)
         report.say(f"  event loop: {loop}; the fast server: {server['name']}")
         report_rows(report, results, FAST_JUDGED, f"{loop}, fast server: ")
         small_records(report, loop, short)
