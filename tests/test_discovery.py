@@ -32,6 +32,7 @@ from asyncsubs._discovery import (
     RateSearch,
     merged,
 )
+from asyncsubs._learned import SYNC_EVERY
 from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
@@ -638,6 +639,44 @@ async def test_workers_sharing_redis_pace_one_pool_by_the_store_s_learned_rate(
     accepted = sorted(t for run in runs for t in run.accepted)
     late = [t for t in accepted if t > accepted[-1] - 2.0]
     assert len(late) / 2.0 <= 4.0
+
+
+@pytest.mark.redis
+async def test_a_page_size_learned_by_one_worker_is_the_next_workers_through_redis(
+    large_stores: FakeAdminServer, redis_url: str
+) -> None:
+    """The page size is part of the path's shared record: a worker starting after another
+    learned it (and shared it, at its next request a second on) asks that size from its first
+    page, without a 400."""
+    from asyncsubs.redis import RedisLimiter
+
+    fake, prefix = large_stores, f"t-{time.monotonic_ns()}"
+    kwargs: dict[str, Any] = {
+        "token": fake.store("refuses").token,
+        "base_url": fake.base_url,
+        "store": "refuses",
+    }
+    async with (
+        RedisLimiter(redis_url, prefix=prefix) as first,
+        AdminClient(**kwargs, limiter=first) as client,
+    ):
+        async for _ in client.orders.list(page_size="max", model=dict).pages():
+            pass
+        await asyncio.sleep(SYNC_EVERY)
+        first_id = fake.records("refuses", ORDERS)[0]["id"]
+        await client.request("GET", f"orders/{first_id}")  # a start: what was learned is shared
+        await asyncio.sleep(0.2)
+    fake.clear_requests()
+    refused = fake.stats("refuses").statuses.get(400, 0)
+    async with (
+        RedisLimiter(redis_url, prefix=prefix) as second,
+        AdminClient(**kwargs, limiter=second) as client,
+    ):
+        page = await anext(aiter(client.orders.list(page_size="max").pages()))
+        assert client.stats.pools[ORDERS].page_size == 500
+    assert len(page.data) == 500
+    assert [r.query["pageSize"] for r in fake.requests] == ["500"]
+    assert fake.stats("refuses").statuses.get(400, 0) == refused
 
 
 def test_a_probe_not_yet_answered_is_remembered_as_the_rate_before_it() -> None:
