@@ -19,7 +19,9 @@ MAX_SLOWDOWN = 4.0
 #: Seconds for a slowdown's excess over 1 to halve without a 429: a limit lowered for a while
 #: is given back within minutes; one that stays low (40/s against 50) costs a 429 every ~30 s.
 SLOWDOWN_HALF_LIFE = 120.0
-#: Samples before a first spread and between recomputations (each a pass over 2 n samples).
+#: Samples before a first spread and between recomputations (each a pass over 2 n samples), and
+#: at least an eighth of the samples held between them: a pool paced at a high rate (2 n of
+#: thousands) pays a few comparisons per sample, not a pass over them every 16.
 _RECOMPUTE_EVERY = 16
 
 
@@ -38,7 +40,7 @@ class Jitter:
     def add(self, sample: float) -> None:
         self._samples.append(sample)
         self._fresh += 1
-        due = self._fresh >= _RECOMPUTE_EVERY or sample > self._top
+        due = self._fresh >= max(_RECOMPUTE_EVERY, len(self._samples) >> 3) or sample > self._top
         if due and len(self._samples) >= self.needed:
             self._fresh, self._top = 0, max(self._samples)
             self.spread = self._top - min(self._samples)
@@ -54,6 +56,8 @@ class Slowdown:
         self._excess, self._at, self.widened_at = 0.0, 0.0, -math.inf
 
     def value(self, now: float) -> float:
+        if not self._excess:  # most of the time, on every request
+            return 1.0
         return 1.0 + self._excess * math.pow(0.5, max(0.0, now - self._at) / SLOWDOWN_HALF_LIFE)
 
     def widen(self, now: float, target: float) -> float:

@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ._config import Limits, RetryPolicy, check_binding, positive_int, positive_number
-from ._discovery import Learned, PageSizeSearch, export_learned, import_learned
+from ._discovery import Learned, export_learned, import_learned
 from ._limiter import DEFAULT_LIMITER, Limiter, Slot, StoreLimiter
 from ._models import Customer, Order, Subscription
+from ._page_size import PageSizeSearch, page_size_search
 from ._pagination import ListEndpoint
 from ._protocol import (
     DEFAULT_VERSION,
@@ -243,8 +244,10 @@ class AdminClient:
             limiter = DEFAULT_LIMITER if self._limiter is None else self._limiter
             self._store_limiter = limiter.bind(self.store, self.limits)
             self._telemetry.observe(self._store_limiter)
+            # Each key's page size reported from the start (imported, adopted), as pulled.
+            self._store_limiter.learning.everywhere(PageSizeSearch)
             if self._learned is not None:
-                self._store_limiter.restore(self._imported())
+                self._store_limiter.learning.restore(self._imported())
         return self._store_limiter
 
     def export_learned(self) -> dict[str, Any]:
@@ -252,7 +255,7 @@ class AdminClient:
         JSON-ready data: pass it as ``AdminClient(learned=...)`` to a later client of the same
         store and base URL, which then starts from it (README, "Discovery")."""
         bound = self._store_limiter
-        records = self._imported() if bound is None else bound.learned()
+        records = self._imported() if bound is None else bound.learning.learned()
         return export_learned(self._base, self.store, records, time.time())
 
     def _imported(self) -> dict[str, Learned]:
@@ -261,7 +264,7 @@ class AdminClient:
         return {key: record.aged(elapsed) for key, record in (self._learned or {}).items()}
 
     async def _page_sizes(self, path: str) -> PageSizeSearch:
-        return await self._bound_limiter().page_sizes(path)
+        return await page_size_search(self._bound_limiter().learning, path)
 
     async def request(
         self,

@@ -30,13 +30,15 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def _own_model_hook(cls: type[Any]) -> Callable[..., Any]:
-    """The structuring function of one of our models: the hot path of a pull.
+def _own_model_hooks(cls: type[Any]) -> tuple[Callable[..., Any], Callable[[list[Any]], Any]]:
+    """The structuring functions of one of our models, of a record and of a page's records: the
+    hot path of a pull.
 
     Generated once per class: one ``record.get`` per known field, each value written straight
     into its slot of a new instance. The models have no validators or converters (they keep what
     the server sent), so this is what their ``__init__`` does, less its call and the lookup of
-    ``object.__setattr__`` that a frozen class makes per field: a quarter less time. Callable
+    ``object.__setattr__`` that a frozen class makes per field: a quarter less time; a page's
+    records in one loop, without a call per record, a tenth less again. The first is callable
     as a cattrs hook ``(record, type)`` and as ``(record)``.
     """
     namespace: dict[str, Any] = {"new": object.__new__, "cls": cls}
@@ -44,19 +46,31 @@ def _own_model_hook(cls: type[Any]) -> Callable[..., Any]:
     for a in attrs.fields(cls):
         namespace[f"set_{a.name}"] = cls.__dict__[a.name].__set__  # the slot's own setter
         value = "record" if a.name == RAW else f"get({camel(a.name)!r})"
-        lines.append(f"    set_{a.name}(self, {value})\n")
+        lines.append(f"set_{a.name}(self, {value})")
+    one = "\n    ".join(lines)
+    many = "\n        ".join(lines)
     source = (
         "def structure(record, _=None):\n"
         "    if not isinstance(record, dict):\n"
         "        raise TypeError(f'expected a JSON object, got {type(record).__name__}')\n"
         "    get = record.get\n"
         "    self = new(cls)\n"
-        f"{''.join(lines)}"
+        f"    {one}\n"
         "    return self\n"
+        "def structure_all(records):\n"
+        "    out = []\n"
+        "    append = out.append\n"
+        "    for record in records:\n"
+        "        if not isinstance(record, dict):\n"
+        "            raise TypeError(f'expected a JSON object, got {type(record).__name__}')\n"
+        "        get = record.get\n"
+        "        self = new(cls)\n"
+        f"        {many}\n"
+        "        append(self)\n"
+        "    return out\n"
     )
     exec(compile(source, f"<asyncsubs structure {cls.__qualname__}>", "exec"), namespace)
-    structure: Callable[..., Any] = namespace["structure"]
-    return structure
+    return namespace["structure"], namespace["structure_all"]
 
 
 def _user_class_hook(conv: cattrs.Converter, cls: type[Any]) -> Callable[[Any, type[Any]], Any]:
@@ -74,10 +88,14 @@ def _user_class_hook(conv: cattrs.Converter, cls: type[Any]) -> Callable[[Any, t
     return structure
 
 
+_OWN_HOOKS: Final = {model: _own_model_hooks(model) for model in (Subscription, Customer, Order)}
 #: Our own models' structuring functions, also used directly (no cattrs dispatch) by
-#: ``structurer_for``.
+#: ``structurer_for``; and each one's function of a page's records.
 _OWN_STRUCTURERS: Final[dict[type[Any], Callable[..., Any]]] = {
-    model: _own_model_hook(model) for model in (Subscription, Customer, Order)
+    model: one for model, (one, _) in _OWN_HOOKS.items()
+}
+_ALL_AT_ONCE: Final[dict[Callable[..., Any], Callable[[list[Any]], list[Any]]]] = {
+    one: many for one, many in _OWN_HOOKS.values()
 }
 
 
@@ -123,6 +141,8 @@ def structure_records(
     if structure is None:
         return records
     try:
+        if (structure_all := _ALL_AT_ONCE.get(structure)) is not None:
+            return structure_all(records)
         return [structure(r) for r in records]
     except _FAILURES as exc:
         failed = exc

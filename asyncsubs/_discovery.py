@@ -2,15 +2,18 @@
 
 The interface shows neither the heavy pools' sizes nor pageSize's maximum, and a bulk pull runs at
 (pool's rate) x (records per page). A pool given ``Rate.discover()`` finds its rate
-(:class:`RateSearch`), a pull given ``page_size="max"`` the largest page (:class:`PageSizeSearch`),
-and :class:`Learned` is what a pool knows in the form that backends share and clients export, so
-that the next worker or run starts where this one stopped. Times inside a search are the event
-loop's; times in a ``Learned`` are durations from now, which each holder converts on its clock.
+(:class:`RateSearch`), a pull given ``page_size="max"`` the largest page (:mod:`._page_size`),
+and :class:`Learned` is what a key knows in the form that backends share and clients export
+(:mod:`._learned`), so that the next worker or run starts where this one stopped. Times inside
+a search are the event loop's; times in a ``Learned`` are durations from now, which each holder
+converts on its clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -21,13 +24,10 @@ from ._config import Discovery, Rate
 from .errors import ConfigError
 
 __all__ = [
-    "FIRST_PAGE_ASK",
     "LEARNED_FORMAT",
     "LEARNED_MAX_AGE",
-    "MAX_PAGE_ASK",
     "PROBE_HOLD",
     "Learned",
-    "PageSizeSearch",
     "RateSearch",
     "export_learned",
     "import_learned",
@@ -53,15 +53,6 @@ PROBE_HOLD: Final = 300.0
 MAX_HOLD: Final = 3600.0
 #: Seconds after which a learned record is probed again from its rate (a server's limits change).
 LEARNED_MAX_AGE: Final = 86_400.0
-#: The first page size a ``page_size="max"`` pull asks for, and the most it ever asks for. The
-#: ladder: the round sizes servers' maxima tend to be; a page served in full is followed by one
-#: of the next size up, a 400 with nothing accepted yet steps down it, and a 400 at its last
-#: rung is not about the page size.
-FIRST_PAGE_ASK: Final = 1_000
-MAX_PAGE_ASK: Final = 10_000
-PAGE_LADDER: Final = (MAX_PAGE_ASK, 5_000, 2_500, 1_000, 500, 250, 100, 50)
-#: Narrowing stops once the refused size is within this share of the accepted one.
-PAGE_TOLERANCE: Final = 0.02
 
 
 def _rate(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -171,6 +162,7 @@ class RateSearch:
         "by",
         "ceiling",
         "changed_at",
+        "counted",
         "good",
         "hold_until",
         "lowest",
@@ -193,6 +185,9 @@ class RateSearch:
         self.changed_at, self._clean, self._run_since = -math.inf, 0, -math.inf
         self._goods: list[float] = []  # every rate that ran clean, ascending: ``good`` is last
         self._edge = 0  # rates that ran clean refused since the last raise
+        # When the pool's requests were due that were not refused: the starts the server
+        # counted, as far as this loop knows (a 429 counts its window).
+        self.counted = deque[float](maxlen=2 * self.most + 2)
 
     def pace(self) -> Rate:
         return rate_of(self.rate, self.window)
@@ -203,6 +198,7 @@ class RateSearch:
     def started(self, now: float, waited: bool) -> bool:
         """A request of the pool started (``waited``: it queued for its slot, so the pool was
         the bottleneck); True when that raised the rate."""
+        self.counted.append(now)
         if not waited:  # the caller, not the pool, set the pace: no evidence of this rate
             self._clean = 0
             return False
@@ -223,6 +219,29 @@ class RateSearch:
         rate = self.rate * (FAR_STEP if self.refused is None else NEAR_STEP)
         self._set(now, min(self.ceiling, rate), "probe")
         self._edge = 0
+        return True
+
+    def refused_start(self, due: float, now: float, paused_until: float, workers: int) -> bool:
+        """A 429 answered the request due at ``due`` (``paused_until``: the pool's last pause in
+        this process; ``workers``: the processes pacing it); True when that changed the rate
+        (False: sent before the rate last changed)."""
+        with contextlib.suppress(ValueError):
+            self.counted.remove(due)  # refused, not counted
+        if due <= self.changed_at:
+            return False
+        # What the server evidently allowed: the starts it accepted in the window before, as a
+        # sliding window counts them (pauses in it change nothing: the server counted these);
+        # refused again at a rate a 429 set, no more than it accepted since the pause after
+        # that 429 (a fixed window counts fewer than the last second holds, a token bucket
+        # refills more slowly than it lets a burst through).
+        per, counted = self.window, self.counted
+        allowed = sum(due - per < start < due for start in counted) / per
+        since = max(self.changed_at, paused_until, counted[0] if counted else due)
+        if self.by == "429" and due - since >= per:
+            allowed = min(allowed, sum(since <= start < due for start in counted) / (due - since))
+        # Shared through Redis, the other workers' starts went unseen: as many again per worker
+        # (they claim the pool's slots in turn).
+        self.refused_at(now, allowed * workers or None, every_start=workers == 1)
         return True
 
     def refused_at(self, now: float, allowed: float | None, *, every_start: bool = True) -> None:
@@ -267,11 +286,14 @@ class RateSearch:
         self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
         self._set(now, max(self.lowest, rate), "429")
 
-    def announce(self, now: float, rate: float) -> None:
-        """The server announced its quota: pace by it and stop searching."""
+    def announce(self, now: float, rate: float) -> bool:
+        """The server announced its quota: pace by it and stop searching; True when the rate
+        changed."""
+        before = self.rate
         if not self.announced or not math.isclose(rate, self.rate):
             self._set(now, min(self.ceiling, max(self.lowest, rate)), "server")
         self.announced = True
+        return self.rate != before
 
     def snapshot(self, now: float) -> dict[str, object]:
         return {
@@ -282,6 +304,12 @@ class RateSearch:
             "strikes": self.strikes,
             "hold": max(0.0, self.hold_until - now),
         }
+
+    def take(self, learned: Learned, now: float, *, imported: bool) -> None:
+        self.restore(learned, now, by="remembered" if imported else None)
+
+    def stats(self) -> dict[str, Any]:
+        return {"rate_by": self.by, "ceiling_found": self.refused, "good": self.good}
 
     def restore(self, learned: Learned, now: float, *, by: str | None = None) -> None:
         """Start from what was learned before (``learned.rate`` is set; a probe not run clean
@@ -305,110 +333,6 @@ class RateSearch:
             rate = learned.good
         rate = min(self.ceiling, max(self.lowest, rate))
         self._set(now, rate, by or learned.rate_by)
-
-
-class PageSizeSearch:
-    """The largest page a list endpoint serves, found while pulling (``page_size="max"``).
-
-    It asks ``FIRST_PAGE_ASK`` records and learns from what comes back:
-
-    - **clamping**: fewer records than asked while more follow, the same count twice in a row
-      (one short page may be a filtered stretch): that count is the size;
-    - **400s**: a 400 to a size larger than any accepted is about the size: the same page is
-      asked again smaller, down ``PAGE_LADDER`` while nothing was accepted, then narrowing
-      between the largest accepted and the smallest refused (first one past the accepted: a
-      server's maximum is often a round number), never twice the same size; a 400 to a size
-      accepted before, or at the ladder's last rung, is about something else and fails;
-    - a page served in full is followed by one of the ladder's next size, up to
-      ``MAX_PAGE_ASK``.
-    """
-
-    __slots__ = ("_clamped", "_first", "_full", "_tried_next", "accepted", "by", "refused", "size")
-
-    def __init__(self) -> None:
-        self.size: int | None = None
-        self.by: str | None = None
-        self.accepted = 0
-        self.refused: int | None = None
-        self._full, self._first = 0, FIRST_PAGE_ASK
-        self._clamped: int | None = None
-        self._tried_next = False
-
-    def ask(self) -> int:
-        """The size to ask for now."""
-        if self.size is not None:
-            return self.size
-        low, high = self.accepted, self.refused
-        if high is None:
-            if low == 0:
-                return self._first
-            if self._full == low:  # served in full: maybe more
-                return next((rung for rung in reversed(PAGE_LADDER) if rung > low), low)
-            return low
-        if low == 0:
-            return next(rung for rung in PAGE_LADDER if rung < high)
-        if high - low <= max(1.0, low * PAGE_TOLERANCE):
-            self._learn(low, "400")
-            return low
-        if not self._tried_next:
-            self._tried_next = True
-            return low + 1
-        return (low + high) // 2
-
-    def _learn(self, size: int, by: str) -> None:
-        self.size, self.by = size, by
-
-    def refused_size(self, size: int) -> bool:
-        """A 400 answered a request for ``size`` records: True when the same page should be asked
-        again at a smaller size (``ask()``), False when the 400 is not about the size."""
-        if size <= self.accepted or (self.accepted == 0 and size <= PAGE_LADDER[-1]):
-            if self.accepted == 0:
-                self.refused = None  # nothing was ever accepted: the 400s were not about size
-            return False
-        self.refused = size if self.refused is None else min(self.refused, size)
-        if self.size is not None and self.size >= size:
-            self.size = self.by = None  # the server serves less than it did
-        return True
-
-    def served(self, size: int, count: int, has_next: bool) -> None:
-        """A request for ``size`` records was answered with ``count`` of them."""
-        self.accepted = max(self.accepted, size)
-        if count >= size:
-            self._full = max(self._full, size)
-            self._clamped = None
-        elif has_next:
-            if self._clamped == count and count > 0:
-                self._learn(count, "clamp")
-            self._clamped = count
-        if self.size is None and self.refused is not None and self.refused - self.accepted <= 1:
-            self._learn(self.accepted, "400")
-
-    def snapshot(self) -> dict[str, object]:
-        return {
-            "page_size": self.size,
-            "page_by": self.by,
-            "page_accepted": self.accepted,
-            "page_refused": self.refused,
-        }
-
-    def restore(self, learned: Learned) -> None:
-        """Start from what was learned before. Nothing counts as accepted until this run sees
-        it: a server that lowered its maximum meanwhile is searched again, not failed."""
-        self.accepted = self._full = 0
-        if learned.expired():  # asked again at the size it knew, and above if served in full
-            self.size = self.by = self.refused = None
-            self._first = learned.page_size or FIRST_PAGE_ASK
-            return
-        self.size, self.refused = learned.page_size, learned.page_refused
-        self.by = None if learned.page_size is None else "remembered"
-
-    def adopt(self, learned: Learned) -> None:
-        """Take in what another holder of the path learned in its pulls."""
-        if learned.page_size is not None:
-            self.size, self.by = learned.page_size, learned.page_by
-        self.accepted = max(self.accepted, learned.page_accepted)
-        refused = [r for r in (self.refused, learned.page_refused) if r is not None]
-        self.refused = min(refused, default=None)
 
 
 #: The ``format`` of an export: its version, for whoever reads a file written by another.

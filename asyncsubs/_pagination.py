@@ -10,7 +10,7 @@ more records follow is allowed (a filtered scan may pass stretches with no match
 ``max_empty_pages`` in a row: a server that hands out fresh cursors to empty pages forever is
 stopped too. A failed page fetch is retried (by the client) with the same cursor, so no record
 is skipped or yielded twice. With ``page_size="max"`` the size asked comes from the path's
-:class:`~asyncsubs._discovery.PageSizeSearch`, and a 400 it attributes to the size asks the same
+:class:`~asyncsubs._page_size.PageSizeSearch`, and a 400 it attributes to the size asks the same
 page again, smaller.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from ._config import positive_int
 from ._converter import structure_records, structurer_for
-from ._discovery import PageSizeSearch
 from ._models import Page
+from ._page_size import PageSizeSearch
 from ._protocol import PageEnvelope
 from .errors import BadRequestError, ConfigError, ProtocolError
 

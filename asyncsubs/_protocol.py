@@ -230,6 +230,12 @@ def check_token(token: object) -> str:
 _PLAIN_PATH: Final = re.compile(r"[0-9A-Za-z_~:@!$&'()*+,;=-]+(?:/[0-9A-Za-z_~:@!$&'()*+,;=-]+)*")
 
 
+#: A query of plain ``key=value`` pairs, which ``urlencode`` would leave as they are.
+_PLAIN_QUERY: Final = re.compile(
+    r"[0-9A-Za-z_.~-]+=[0-9A-Za-z_.~-]*(?:&[0-9A-Za-z_.~-]+=[0-9A-Za-z_.~-]*)*"
+)
+
+
 def clean_path(path: str) -> str:
     if type(path) is str and _PLAIN_PATH.fullmatch(path):
         return path  # the common case, e.g. "subscriptions/123": already clean
@@ -305,7 +311,8 @@ def build_request(
     if params:
         query = [(str(k), _query_value(v)) for k, v in params.items() if v is not None]
         if query:
-            url = f"{url}?{urlencode(query)}"
+            joined = "&".join(f"{k}={v}" for k, v in query)  # plain keys and values, as a rule
+            url = f"{url}?{joined if _PLAIN_QUERY.fullmatch(joined) else urlencode(query)}"
     body = None if json is None else encode_json(json)
     if headers is None:
         headers = request_headers(token, user_agent)

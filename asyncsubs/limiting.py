@@ -6,8 +6,7 @@ Most code needs none of this: ``AdminClient(limiter=None)`` paces each store in 
 - :class:`Limiter` (pass one as ``AdminClient(limiter=...)``) over a :class:`PacingBackend`;
   ``Limiter()`` paces over a :class:`MemoryPacing` private to the instance;
 - :class:`PacingBackend`, the contract a shared backend implements (see ``RedisLimiter``);
-- :class:`StoreLimiter` and :class:`Slot`, one store's state in one event loop, which
-  ``Limiter.bind`` returns;
+- :class:`StoreLimiter` and :class:`Slot`, one store's state in a loop (``Limiter.bind``);
 - :class:`LimiterStats` and :class:`PoolStats`, what ``AdminClient.stats`` reports.
 """
 

@@ -560,7 +560,7 @@ class RedisPacing:
         self, store: str, key: str, version: int, learned: Learned | None
     ) -> tuple[int, Learned | None, bool]:
         """The shared record of what ``key`` of ``store`` learned, written compare-and-set
-        (see :class:`~asyncsubs._limiter.LearningBackend`); raises while Redis is down, and the
+        (see :class:`~asyncsubs._learned.LearningBackend`); raises while Redis is down, and the
         pool then learns in this process alone until it answers."""
         if self._down:
             raise self._unavailable(store, None)

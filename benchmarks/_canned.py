@@ -1,8 +1,9 @@
 """Servers that are never the bottleneck: one canned page of records, a fresh cursor each time.
 
 Each answers every request on a keep-alive connection with the same ``records``-record page of
-realistic subscription records (from the fake server's data) and ``hasNextPage: true`` with a
-new ``nextCursor``, so a client paginates through it for as long as it likes.
+realistic subscription records (from the fake server's data; ``small``: their scalar fields
+only, ~265 bytes a record instead of ~770) and ``hasNextPage: true`` with a new
+``nextCursor``, so a client paginates through it for as long as it likes.
 
 - :func:`canned_server`: a process of its own on a bare ``asyncio.Protocol`` (uvloop when
   installed); the request line and headers are not even parsed beyond finding their end.
@@ -26,16 +27,25 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+import orjson
+
 from asyncsubs.testing._data import StoreData
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
 
-def page_prefix(records: int) -> bytes:
+def page_prefix(records: int, *, small: bool = False) -> bytes:
     """The page body up to the cursor value: envelope, records, and ``"nextCursor":"c``."""
     counts = {"subscriptions": records, "customers": 0, "orders": 0}
     data = StoreData(seed=0, store="canned", counts=counts)["subscriptions"]
-    joined = b",".join(data.encoded_at(i) for i in range(records))
+    encoded = [data.encoded_at(i) for i in range(records)]
+    if small:  # the record's scalar fields: ids, status, times
+        kept = (
+            {k: v for k, v in orjson.loads(r).items() if not isinstance(v, dict | list)}
+            for r in encoded
+        )
+        encoded = [orjson.dumps(record) for record in kept]
+    joined = b",".join(encoded)
     return (
         b'{"success":true,"message":"OK","code":"SUCCESS","data":['
         + joined
@@ -60,8 +70,8 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(_HEAD % len(body) + body)
 
 
-def _child(conn: Connection, records: int, use_uvloop: bool) -> None:
-    _Protocol.prefix = page_prefix(records)
+def _child(conn: Connection, records: int, use_uvloop: bool, small: bool) -> None:
+    _Protocol.prefix = page_prefix(records, small=small)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -81,12 +91,17 @@ def _child(conn: Connection, records: int, use_uvloop: bool) -> None:
 
 
 @contextlib.contextmanager
-def canned_server(records: int = 100, *, use_uvloop: bool = True) -> Iterator[dict[str, Any]]:
+def canned_server(
+    records: int = 100, *, use_uvloop: bool = True, small: bool = False
+) -> Iterator[dict[str, Any]]:
     """Start the canned server in a spawned process; yields ``{"base_url", "pid", "name"}``."""
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(
-        target=_child, args=(sender, records, use_uvloop), name="canned-page-server", daemon=True
+        target=_child,
+        args=(sender, records, use_uvloop, small),
+        name="canned-page-server",
+        daemon=True,
     )
     process.start()
     sender.close()
@@ -147,7 +162,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def nginx_server(records: int = 100, *, binary: str | None = None) -> Iterator[dict[str, Any]]:
+def nginx_server(
+    records: int = 100, *, binary: str | None = None, small: bool = False
+) -> Iterator[dict[str, Any]]:
     """nginx serving the canned page at every path under ``/admin/2026-04/``; yields
     ``{"base_url", "pid", "name"}``. Raises RuntimeError if there is no nginx or it fails."""
     binary = binary or nginx_binary()
@@ -158,7 +175,7 @@ def nginx_server(records: int = 100, *, binary: str | None = None) -> Iterator[d
         os.makedirs(pages)
         os.makedirs(os.path.join(root, "tmp"))
         with open(os.path.join(pages, "subscriptions"), "wb") as f:
-            f.write(page_prefix(records) + _CURSOR_MARK.encode() + b'"}}')
+            f.write(page_prefix(records, small=small) + _CURSOR_MARK.encode() + b'"}}')
         port = _free_port()
         conf = os.path.join(root, "nginx.conf")
         with open(conf, "w", encoding="ascii") as f:
@@ -188,11 +205,11 @@ def _nginx_version(binary: str) -> str:
 
 
 @contextlib.contextmanager
-def fast_server(records: int = 100) -> Iterator[dict[str, Any]]:
+def fast_server(records: int = 100, *, small: bool = False) -> Iterator[dict[str, Any]]:
     """:func:`nginx_server` when nginx is installed, else :func:`canned_server`."""
     if nginx_binary() is not None:
-        with nginx_server(records) as server:
+        with nginx_server(records, small=small) as server:
             yield server
     else:
-        with canned_server(records) as server:
+        with canned_server(records, small=small) as server:
             yield server

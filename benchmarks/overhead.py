@@ -3,10 +3,11 @@
 Two servers, each in a process of its own, answer every request with the same 100-record page and
 a fresh cursor (``_canned``), so both sides fetch identical bytes: the canned server, and a fast
 one (nginx when installed, else the canned server again), where the client's own costs weigh
-most. Each variant is a page source fetching pages sequentially in a process of its own; the
-sources take turns (one at a time, order rotated each turn), and a variant's figure is its
-pages/s over all its turns against the baseline's over its own. The client runs with limits out
-of the way.
+most; the fast one serves a page of small records too (their scalar fields, ~265 bytes a record
+against ~770), where decoding gains least and the per-request path weighs most. Each variant is
+a page source fetching pages sequentially in a process of its own; the sources take turns (one
+at a time, order rotated each turn), and a variant's figure is its pages/s over all its turns
+against the baseline's over its own. The client runs with limits out of the way.
 
 - baseline: ``aiohttp.ClientSession.get`` + ``json.loads`` + reading ``pageInfo.nextCursor``
 - client: ``client.subscriptions.list(page_size=100, model=..., prefetch=...).pages()``
@@ -29,6 +30,9 @@ fell on whichever source was taking its turn, in step with the rotation (with 4 
 0.77-1.14 of the first. The server is pinned to one core and the sources to another, and every
 source's process gets the same hash seed: identical sources then read within a few %.
 CPU microseconds per page (the source's process) are printed as well.
+
+With ``ASYNCSUBS_AGAINST=<checkout>`` (e.g. ``git worktree add /tmp/old <commit>``) the fast
+server's prefetch=0 rows add the client at that checkout (models), in the same turns.
 
 OpenTelemetry: the client rows run with the API installed and no SDK configured (what a user
 who never set one up gets); two more rows show ``telemetry=False`` (no hook records anything)
@@ -152,6 +156,8 @@ JUDGED = {NO_SDK: 1.0, DICT_P0: 1.1, MODELS_P1: 1.0, DICT_P1: 1.1}
 #: The fast server's rows (nginx): where the client's own costs show most.
 FAST_SEQUENTIAL = [BASELINE, NO_SDK, DICT_P0]
 FAST_JUDGED = {NO_SDK: 1.10, DICT_P0: 1.25, MODELS_P1: 1.8, DICT_P1: 1.8}
+#: The fast server's small-record rows: the per-request path against decoding's gain.
+SMALL_JUDGED = {NO_SDK: 1.0}
 #: "No cost when unused": what the API without an SDK adds to a request, at most this fraction
 #: of the CPU a page costs the client. Measured alone (``request_cpu_us``): page rates on a
 #: shared machine vary by more than that from turn to turn.
@@ -183,13 +189,17 @@ async def _serve_turns(conn: Connection, source: Source, base_url: str, fresh: b
                 conn.send(await take(turn, pages))
 
 
+#: A source run by the checkout ``ASYNCSUBS_AGAINST`` names: the name of today's, and this.
+AGAINST = " @ against"
+
+
 def _source_process(
     conn: Connection, name: str, base_url: str, loop: str, fresh: bool, core: int | None
 ) -> None:
     if core is not None:
         os.sched_setaffinity(0, {core})
     with conn:
-        run(lambda: _serve_turns(conn, SOURCES[name], base_url, fresh), loop)
+        run(lambda: _serve_turns(conn, SOURCES[name.removesuffix(AGAINST)], base_url, fresh), loop)
 
 
 def _cores(server_pid: int) -> int | None:
@@ -234,7 +244,8 @@ def take_turns(
                 name=f"overhead-source-{len(conns)}",
                 daemon=True,
             )
-            with _environment(PYTHONHASHSEED="0"):
+            checkout = os.environ["ASYNCSUBS_AGAINST"] if name.endswith(AGAINST) else ""
+            with _environment(PYTHONHASHSEED="0", ASYNCSUBS_CHECKOUT=checkout):
                 process.start()
             child.close()
             stack.callback(_stop, process, conns[name])
@@ -256,7 +267,7 @@ def take_turns(
 def _environment(**values: str) -> Iterator[None]:
     """``os.environ`` with ``values`` for the block (a spawned process starts with it)."""
     before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+    os.environ.update(values)  # an empty value: as unset
     try:
         yield
     finally:
@@ -351,6 +362,21 @@ def report_rows(
         report.check(f"{label}{name} / baseline", ratios[name], ">=", target)
 
 
+def against() -> list[str]:
+    """The client at the checkout ``ASYNCSUBS_AGAINST`` names (models, prefetch=0), if any."""
+    return [NO_SDK + AGAINST] if os.environ.get("ASYNCSUBS_AGAINST") else []
+
+
+def small_records(report: Report, loop: str, turns: tuple[int, int]) -> None:
+    """The fast server's page of small records, prefetch=0 (and the client at the checkout
+    ``ASYNCSUBS_AGAINST`` names, if any, in the same turns)."""
+    names = [*FAST_SEQUENTIAL, *against()]
+    with fast_server(PAGE_SIZE, small=True) as server:
+        results = take_turns(server, names, *turns, fresh=False, loop=loop)
+    report.say(f"  event loop: {loop}; the fast server, a page of {PAGE_SIZE} small records")
+    report_rows(report, [results], SMALL_JUDGED, f"{loop}, small records: ")
+
+
 def bench(report: Report) -> None:
     short = (60, 10) if report.quick else (270, 10)  # turns, pages a turn
     long = (4, 100) if report.quick else (15, 200)
@@ -369,9 +395,10 @@ def bench(report: Report) -> None:
         report_rows(report, results, JUDGED, f"{loop}: ")
         page_cpu_us[loop] = results[0][NO_SDK][1]
         with fast_server(PAGE_SIZE) as server:
-            results = measure(server, loop, FAST_SEQUENTIAL, short, long)
+            results = measure(server, loop, [*FAST_SEQUENTIAL, *against()], short, long)
         report.say(f"  event loop: {loop}; the fast server: {server['name']}")
         report_rows(report, results, FAST_JUDGED, f"{loop}, fast server: ")
+        small_records(report, loop, short)
     requests, cpu_rounds = (2_000, 3) if report.quick else (10_000, 7)
     cpu = run(lambda: request_cpu_us(requests, cpu_rounds))
     report.say(

@@ -25,15 +25,15 @@ from virtual_clock import VirtualClock
 from asyncsubs import AdminClient, BadRequestError, ConfigError, Limits, Rate
 from asyncsubs._config import Discovery
 from asyncsubs._discovery import (
-    FIRST_PAGE_ASK,
     LEARNED_MAX_AGE,
     MAX_HOLD,
     PROBE_HOLD,
     Learned,
-    PageSizeSearch,
     RateSearch,
     merged,
 )
+from asyncsubs._learned import SYNC_EVERY
+from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
@@ -312,7 +312,7 @@ async def test_an_export_imported_starts_the_next_client_where_the_first_stopped
 async def test_an_expired_record_is_probed_again_from_its_rate(clock: VirtualClock) -> None:
     sl = bind(discovering())
     old = Learned(rate=10.0, rate_by="429", good=10.0, refused=16.0, strikes=3, hold=3000.0)
-    sl.restore({ORDERS: attrs.evolve(old, age=LEARNED_MAX_AGE + 1)})
+    sl.learning.restore({ORDERS: attrs.evolve(old, age=LEARNED_MAX_AGE + 1)})
     run = await pull(sl, SlidingWindow(30), 10)
     assert [rate for _, rate in run.rates][:2] == [10.0, 20.0]  # from it, far from a refusal
 
@@ -515,6 +515,57 @@ async def test_a_max_pull_learns_the_size_and_keeps_every_record_once(
     assert sizes[-1] == str(largest)
 
 
+async def test_a_page_size_exported_as_before_starts_the_next_client_at_it(
+    large_stores: FakeAdminServer,
+) -> None:
+    """The page size travels in the export's format of old (one record per pool or path, rate
+    and page fields together): an import is used from the path's first page, without a 400,
+    and the export of a client that has not pulled the path yet keeps it."""
+    fake = large_stores
+    kwargs: dict[str, Any] = {
+        "token": fake.store("refuses").token,
+        "base_url": fake.base_url,
+        "store": "refuses",
+        "limits": discovering(ceiling=10_000, start=10_000),
+    }
+    now = time.time()
+    old = {  # as asyncsubs wrote it before page sizes moved out of the limiter
+        "format": "asyncsubs.learned/1",
+        "base_url": f"{fake.base_url}/admin/2026-04/",
+        "store": "refuses",
+        "pools": {
+            "subscriptions": {
+                "page_size": 500,
+                "page_by": "400",
+                "page_accepted": 500,
+                "page_refused": 501,
+                "hold_until": now,
+                "learned_at": now - 60,
+            },
+            ORDERS: {
+                "rate": 10_000.0,
+                "rate_by": "start",
+                "page_size": 500,
+                "page_by": "400",
+                "page_accepted": 500,
+                "page_refused": 501,
+                "hold_until": now,
+                "learned_at": now - 60,
+            },
+        },
+    }
+    async with AdminClient(**kwargs, limiter=Limiter(), learned=old) as client:
+        async for _ in client.orders.list(page_size="max", model=dict).pages():
+            pass
+        pool = client.stats.pools[ORDERS]
+        assert (pool.page_size, pool.page_size_by) == (500, "remembered")
+        exported = client.export_learned()["pools"]
+    assert fake.stats("refuses").statuses.get(400, 0) == 0
+    assert {r.query["pageSize"] for r in fake.requests if r.path.endswith(ORDERS)} == {"500"}
+    assert exported["subscriptions"]["page_size"] == 500  # not pulled, still known
+    assert (exported[ORDERS]["page_size"], exported[ORDERS]["page_refused"]) == (500, 501)
+
+
 async def test_a_400_that_is_not_about_the_size_fails_as_before(
     large_stores: FakeAdminServer, fast_limits: Limits
 ) -> None:
@@ -591,6 +642,44 @@ async def test_workers_sharing_redis_pace_one_pool_by_the_store_s_learned_rate(
     accepted = sorted(t for run in runs for t in run.accepted)
     late = [t for t in accepted if t > accepted[-1] - 2.0]
     assert len(late) / 2.0 <= 4.0
+
+
+@pytest.mark.redis
+async def test_a_page_size_learned_by_one_worker_is_the_next_workers_through_redis(
+    large_stores: FakeAdminServer, redis_url: str
+) -> None:
+    """The page size is part of the path's shared record: a worker starting after another
+    learned it (and shared it, at its next request a second on) asks that size from its first
+    page, without a 400."""
+    from asyncsubs.redis import RedisLimiter
+
+    fake, prefix = large_stores, f"t-{time.monotonic_ns()}"
+    kwargs: dict[str, Any] = {
+        "token": fake.store("refuses").token,
+        "base_url": fake.base_url,
+        "store": "refuses",
+    }
+    async with (
+        RedisLimiter(redis_url, prefix=prefix) as first,
+        AdminClient(**kwargs, limiter=first) as client,
+    ):
+        async for _ in client.orders.list(page_size="max", model=dict).pages():
+            pass
+        await asyncio.sleep(SYNC_EVERY)
+        first_id = fake.records("refuses", ORDERS)[0]["id"]
+        await client.request("GET", f"orders/{first_id}")  # a start: what was learned is shared
+        await asyncio.sleep(0.2)
+    fake.clear_requests()
+    refused = fake.stats("refuses").statuses.get(400, 0)
+    async with (
+        RedisLimiter(redis_url, prefix=prefix) as second,
+        AdminClient(**kwargs, limiter=second) as client,
+    ):
+        page = await anext(aiter(client.orders.list(page_size="max").pages()))
+        assert client.stats.pools[ORDERS].page_size == 500
+    assert len(page.data) == 500
+    assert [r.query["pageSize"] for r in fake.requests] == ["500"]
+    assert fake.stats("refuses").statuses.get(400, 0) == refused
 
 
 def test_a_probe_not_yet_answered_is_remembered_as_the_rate_before_it() -> None:

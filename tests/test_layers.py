@@ -78,3 +78,48 @@ def test_the_command_line_stays_small() -> None:
     lengths = {path.name: len(path.read_text().splitlines()) for path in modules("cli")}
     assert {name: n for name, n in lengths.items() if n > 450} == {}
     assert sum(lengths.values()) <= 3_600
+
+
+def test_no_module_of_the_package_imports_itself_through_others() -> None:
+    """No import cycle, ``TYPE_CHECKING`` and function-level imports included: each module can
+    be read (and loaded) after the ones it imports. ``from package import name`` depends on
+    the module ``name`` when there is one, else on the package's ``__init__``."""
+    paths = {
+        ".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in modules(".")
+    }
+
+    def depends_on(name: str, path: Path) -> set[str]:
+        found = set()
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = parts[: len(parts) - node.level + 1]
+                    module = ".".join([*base, module] if module else base)
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    found.add(sub if sub in paths else module)
+        return (found & set(paths)) - {name}
+
+    graph = {name: depends_on(name, path) for name, path in paths.items()}
+    state: dict[str, str] = {}  # "open" while its dependencies are read, then "done"
+    cycles: list[list[str]] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for dependency in sorted(graph[name]):
+            if state.get(dependency) == "open":
+                cycles.append([*trail[trail.index(dependency) :], dependency])
+            elif dependency not in state:
+                visit(dependency, [*trail, dependency])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []

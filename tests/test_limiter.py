@@ -19,12 +19,14 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from virtual_clock import VirtualClock
 
+import asyncsubs
 from asyncsubs import AdminClient
 from asyncsubs._calibration import SLOWDOWN_HALF_LIFE, SLOWDOWN_STEP, Jitter, Slowdown
 from asyncsubs._config import Limits, Rate
@@ -231,6 +233,25 @@ async def test_a_request_whose_connection_comes_late_paces_the_next_from_it(
             clock.now += 0.15 if i == 1 else 0.0
             late.append(clock.now)
     assert late[2] - late[1] == pytest.approx(0.51 - 0.15)
+
+
+async def test_a_page_answered_late_paces_the_next_from_its_latest_stamp(
+    clock: VirtualClock,
+) -> None:
+    """A server that stalls 0.4 s stamps a page when it resumes: as late as the answer less the
+    pool's fastest round trip (0.02 s). A sequential pull's next page, due during the stall,
+    would start at once and the one after it an interval later: three stamps within 0.65 s
+    (a 429 from a sliding window). The pool's pace restarts from the latest stamp instead."""
+    sl = Limiter().bind("acme", limits(50, 1.0, margin=0.02, orders=Rate(2, per=1.0)))
+    starts: list[float] = []
+    for i in range(6):
+        await request(sl, "orders", starts, hold=0.42 if i == 2 else 0.02)
+    stamped = starts[2] + 0.40  # the latest the stalled server can have stamped page 2
+    assert starts[3] == pytest.approx(stamped + 0.51)
+    assert starts[4] - stamped >= 1.02 - EPS
+    assert gaps(starts)[3:] == pytest.approx([0.51] * 2)  # then paced as before
+    # A round trip as fast as ever is no sign of a late stamp: the pace is the slots'.
+    assert gaps(starts)[:2] == pytest.approx([0.51, 0.51])
 
 
 async def test_the_client_reports_a_requests_connection_to_its_slot(clock: VirtualClock) -> None:
@@ -1161,3 +1182,13 @@ async def test_backend_failure_is_limiter_unavailable_and_leaks_nothing(
     await request(sl, "global", starts)
     assert len(starts) == 1
     assert sl.stats().in_flight == 0
+
+
+def test_the_limiter_paces_and_stays_small() -> None:
+    """The limiter's modules read at first sight: pacing only (what pools and pulls learn is
+    kept by ``_learned``, the page size by ``_page_size``), under 450 lines together."""
+    root = Path(asyncsubs.__file__).parent
+    modules = ("_limiter.py", "_server_limits.py", "limiting.py")
+    sources = {name: (root / name).read_text() for name in modules}
+    assert sum(len(text.splitlines()) for text in sources.values()) < 450
+    assert not any("page_size" in text or "PageSize" in text for text in sources.values())

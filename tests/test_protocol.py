@@ -6,7 +6,7 @@ import email.utils
 import json
 import pickle
 import string
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import orjson
 import pytest
@@ -134,6 +134,20 @@ def test_build_request_headers_and_query() -> None:
     post = build_request("https://x.test/admin/2026-04/", TOKEN, "POST", "a", json={"k": 1})
     assert post.body == b'{"k":1}'
     assert not post.idempotent
+
+
+@given(
+    st.dictionaries(
+        st.text(string.printable + "éß", min_size=1, max_size=6),
+        st.text(string.printable + "éß", max_size=8) | st.integers(),
+        max_size=3,
+    )
+)
+def test_a_query_is_what_urlencode_makes_of_it(params: dict[str, object]) -> None:
+    """Plain pairs are joined as they are (the common case, cheaper); any other is encoded."""
+    req = build_request("https://x.test/admin/2026-04/", TOKEN, "GET", "s", params=params)
+    query = urlencode([(k, str(v)) for k, v in params.items()])
+    assert req.url == "https://x.test/admin/2026-04/s" + (f"?{query}" if query else "")
 
 
 def test_parse_page_ok() -> None:

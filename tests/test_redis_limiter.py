@@ -322,7 +322,7 @@ async def test_a_429_pauses_the_pool_for_other_clients(
         with pytest.raises(RateLimitError):
             await a.request("GET", f"customers/{ids[0]}")
         # The pause goes to Redis in the background; wait for that task (test-only peek).
-        await asyncio.gather(*a._bound_limiter()._background)
+        await asyncio.gather(*a._bound_limiter().learning._background)
         await b.request("GET", f"customers/{ids[1]}")
     first, second = server.requests
     assert (first.status, second.status) == (429, 200)
@@ -342,7 +342,7 @@ async def test_a_429_slows_down_the_pool_of_other_clients(
         server.enqueue(429, {"success": False}, path=f"customers/{ids[0]}")
         with pytest.raises(RateLimitError):
             await a.request("GET", f"customers/{ids[0]}")
-        await asyncio.gather(*a._bound_limiter()._background)
+        await asyncio.gather(*a._bound_limiter().learning._background)
         widened = a.stats.pools["global"]
         learnt = a._bound_limiter()._global.slowdown.value(asyncio.get_running_loop().time())
         assert learnt > 1.04  # at least one step (decaying since)

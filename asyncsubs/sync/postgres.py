@@ -14,8 +14,8 @@ committed with its cursor in one transaction. Two more tables:
 
 Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
 connection pool (``psycopg_pool``), ``executemany`` (pipelined: a page's upserts are one round
-trip), its JSONB adaptation (the standard library's ``json``, which keeps integers beyond 64
-bits exact), and ``LISTEN``/``NOTIFY`` for waking waiting workers.
+trip), its JSONB adaptation (a record's ``raw`` written by ``asyncsubs._json``, which keeps
+integers beyond 64 bits exact), and ``LISTEN``/``NOTIFY`` for waking waiting workers.
 asyncpg would be as fast but brings its own pool and type codecs to learn; psycopg is the
 reference driver, follows libpq's URLs and environment variables (``PGPASSWORD``, ``.pgpass``,
 ``sslmode``) exactly, and its errors carry SQLSTATE codes the messages below use.
@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from .. import _json
 from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
@@ -147,8 +148,9 @@ def _upsert_sql(resource: str) -> str:
 
 def _params(store: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
     columns = record_columns(store, record)
-    # raw as JSONB; the deleted-ids check repeats store and id.
-    return (*columns, Jsonb(record), columns[0], columns[1])
+    # raw as JSONB (written by orjson, every integer exact: a tenth of the standard library's
+    # time per record); the deleted-ids check repeats store and id.
+    return (*columns, Jsonb(record, _json.dumps), columns[0], columns[1])
 
 
 def _jsonb(value: Any) -> Jsonb | None:

@@ -20,7 +20,7 @@ import attrs
 from .._config import positive_int, positive_number
 from .._frozen import FrozenMap
 from ..errors import ConfigError
-from ._signing import SCHEMES, Encoding, Scheme, signing_key
+from ._schemes import SCHEMES, Encoding, Scheme, signing_key
 
 __all__ = ["DEFAULT_RESOURCE_ALIASES", "WebhookConfig"]
 

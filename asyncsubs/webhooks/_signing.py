@@ -28,12 +28,11 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, Literal, get_args
+from typing import Final
 
+from ._config import WebhookConfig
 from ._refusals import DeliveryRefused, Refusal
-
-if TYPE_CHECKING:
-    from ._config import WebhookConfig
+from ._schemes import SCHEMES, Encoding, Scheme, signing_key
 
 __all__ = [
     "Encoding",
@@ -48,33 +47,9 @@ __all__ = [
     "verify_delivery",
 ]
 
-Scheme = Literal["hmac", "timestamped", "standard-webhooks"]
-SCHEMES: Final[tuple[str, ...]] = get_args(Scheme)
-Encoding = Literal["hex", "base64"]
-
 _EPOCH_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 #: Unix seconds as the timestamped and Standard Webhooks schemes send them: ASCII digits.
 _UNIX_SECONDS_RE: Final = re.compile(r"[0-9]{1,12}")
-_WHSEC: Final = b"whsec_"
-
-
-def signing_key(secret: bytes, scheme: Scheme) -> bytes:
-    """The HMAC key of ``secret`` (the secret's text as the service shows it) under ``scheme``:
-    the secret itself, or for Standard Webhooks the bytes its base64 (after ``whsec_``) decodes
-    to. ValueError, never naming the secret, when that is not base64."""
-    if scheme != "standard-webhooks":
-        return secret
-    text = secret.strip().removeprefix(_WHSEC)
-    try:
-        key = base64.b64decode(text + b"=" * (-len(text) % 4), validate=True)
-    except (ValueError, binascii.Error):
-        key = b""
-    if not key:
-        raise ValueError(
-            "a Standard Webhooks secret is the base64 text the service shows, "
-            "usually prefixed whsec_; this one does not decode"
-        )
-    return key
 
 
 def _epoch(value: str | None) -> float | None:
