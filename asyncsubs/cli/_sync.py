@@ -31,6 +31,7 @@ from ..sync import (
     run_round,
     sink_for,
 )
+from ..sync._open import DEFAULT_TIMEOUT
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -89,6 +90,15 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "renewing it (killed, lost) before another worker takes it over",
     )
     sync.add_argument(
+        "--db-timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a database operation waits before it fails: SQLite, while another "
+        "process holds the write lock. With --listen the pull is tried again and a delivery "
+        "answered 503; without, the command ends with the error (default: %(default)g)",
+    )
+    sync.add_argument(
         "--resources",
         nargs="+",
         metavar="RESOURCE",
@@ -127,7 +137,7 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
 
 
 def cmd_sync(args: argparse.Namespace, out: Output) -> int:
-    sink = sink_for(args.db, lease=args.lease)
+    sink = sink_for(args.db, lease=args.lease, timeout=args.db_timeout)
     if args.listen is None and args.reconcile_every is not None:
         raise ConfigError("--reconcile-every needs --listen")
     redis = None if args.redis is None else check_redis_url(args.redis, where="--redis")

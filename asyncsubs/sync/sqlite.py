@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from .._sqlite import connect_sqlite
+from .._sqlite import DEFAULT_BUSY_TIMEOUT, connect_sqlite
 from ..errors import ConfigError
 from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
@@ -161,13 +161,16 @@ def hold_database(db: Path) -> Iterator[None]:
 
 
 class SQLiteSink(SinkLifetime):
-    """The ``Sink`` in an SQLite file: one connection, used only from one worker thread."""
+    """The ``Sink`` in an SQLite file: one connection, used only from one worker thread.
+    ``busy_timeout``: seconds a write waits for another process's lock on the file before it
+    fails (a ``DatabaseError``), on every connection of the sink."""
 
     #: One writer: a sync holds the database (``lock``) instead of sharing it.
     leases = None
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
         self.where = str(path)
         # One thread runs every call in order: a write queued behind another runs after it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
@@ -202,7 +205,7 @@ class SQLiteSink(SinkLifetime):
     def _open(self) -> None:
         # Transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so a page and its cursor are
         # committed together. Used from self._thread only.
-        conn = connect_sqlite(self.path)
+        conn = connect_sqlite(self.path, busy_timeout=self.busy_timeout)
         try:
             with self._transaction(conn):
                 for statement in _SCHEMA:
@@ -353,7 +356,10 @@ class SQLiteSink(SinkLifetime):
             # Connections of their own: acknowledging a delivery must not wait for a page's
             # transaction on the writer thread. Both tables exist from here on, so monitoring
             # queries work before the first event.
-            self._webhook_stores = (SQLiteInbox(self.path), SQLiteDeadLetters(self.path))
+            self._webhook_stores = (
+                SQLiteInbox(self.path, busy_timeout=self.busy_timeout),
+                SQLiteDeadLetters(self.path, busy_timeout=self.busy_timeout),
+            )
             for store in self._webhook_stores:
                 await store.open()
         return self._webhook_stores

@@ -1,0 +1,228 @@
+"""``sync --listen`` is a service: it outlives its database's bad moments.
+
+Each test runs the command as a child process and reads its stderr line by line, waiting on
+what it says (with a deadline), never on time: an SQLite database locked by another process
+past the busy timeout (``--db-timeout`` set low). Afterwards it still runs, a new delivery is
+accepted and applied, and every delivery it acknowledged is in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from test_sync_listen import SECRETS, environment, fake_server, write_config
+
+from asyncsubs.testing import FakeAdminServer
+from asyncsubs.webhooks import signature_header_value
+
+#: Deliveries are changes of acme's customers, stamped later than anything the server has: a
+#: reconciliation pull never overwrites them, so each one's row shows whether it was applied.
+STAMP = "2031-01-01T00:00:{:02d}Z"
+
+
+class Listening:
+    """A ``sync --listen`` child process and the stderr lines it wrote so far."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.urls: dict[str, str] = {}
+
+    async def until(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+        """Read stderr until a line matches ``pattern``; fails if the process ends first."""
+        assert self.proc.stderr is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.proc.stderr.readline()).decode()
+                assert line, f"sync --listen ended: {''.join(self.lines)}"
+                self.lines.append(line)
+                if url := re.search(r"webhooks of store (\w+): POST (http://[^\s\"]+)", line):
+                    self.urls[url[1]] = url[2]
+                if match := re.search(pattern, line):
+                    return match
+
+    async def stop(self) -> tuple[str, str]:
+        """SIGTERM, then its stdout and the rest of its stderr."""
+        self.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            out, err = await self.proc.communicate()
+        self.lines.append(err.decode())
+        return out.decode(), "".join(self.lines)
+
+
+@contextlib.asynccontextmanager
+async def sync_listen(
+    config: Path, db: str, env: Mapping[str, str], *options: str
+) -> AsyncIterator[Listening]:
+    """``sync --listen`` on ``db``, reconciling every 0.2 s, once its initial sync is done."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", db),
+        *("--listen", "127.0.0.1:0", "--reconcile-every", "0.2", *options),
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    listening = Listening(proc)
+    try:
+        await listening.until("initial sync done")
+        yield listening
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+class Sender:
+    """Acme's sender: one change at a time, each retried while answered 503 (as a real sender
+    retries), until told to stop; ``acknowledged`` maps customer ids to the stamps of the
+    changes answered 200."""
+
+    def __init__(self, url: str, customers: list[dict[str, Any]]) -> None:
+        self.url = url
+        self.customers = customers
+        self.acknowledged: dict[str, str] = {}
+        self.unavailable = 0
+        self._sent = 0
+
+    async def send(self, session: aiohttp.ClientSession) -> None:
+        """The next change, until it is acknowledged."""
+        i = self._sent
+        self._sent += 1
+        record = {**self.customers[i], "updatedAt": STAMP.format(i)}
+        body = orjson.dumps(
+            {"id": f"evt-{i}", "topic": "customers/update", "store": "acme", "data": record}
+        )
+        headers = {"X-Service-Signature": signature_header_value(SECRETS["acme"], body)}
+        while True:
+            async with session.post(self.url, data=body, headers=headers) as resp:
+                if resp.status == 200:
+                    self.acknowledged[str(record["id"])] = record["updatedAt"]
+                    return
+                assert resp.status == 503, await resp.text()
+                self.unavailable += 1
+                await asyncio.sleep(0.05)  # a sender's pause before its retry
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as session:
+            while not stop.is_set():
+                await self.send(session)
+                await asyncio.sleep(0.05)
+
+
+async def applied(read: Callable[[], Mapping[str, str | None]], want: Mapping[str, str]) -> None:
+    """Wait (30 s at most) until every acknowledged change is in the database."""
+    async with asyncio.timeout(30):
+        while True:
+            have = await asyncio.to_thread(read)
+            if all(have.get(id_) == stamp for id_, stamp in want.items()):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def survive(
+    listening: Listening,
+    server: FakeAdminServer,
+    read: Callable[[], Mapping[str, str | None]],
+    fault: Callable[[], Awaitable[None]],
+    repair: Callable[[], Awaitable[None]],
+    said: str,
+) -> str:
+    """Deliveries go on while ``fault`` breaks the database until the command says ``said``
+    (twice: it went on after the first), and after ``repair``: the command is still running,
+    accepts and applies a new delivery, and has applied every change it acknowledged. Returns
+    what the command wrote on stderr."""
+    sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:60])
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        await sender.send(session)
+        await applied(read, sender.acknowledged)
+        sending = asyncio.create_task(sender.run(stop))
+        try:
+            await fault()
+            await listening.until(said)
+            await listening.until(said)
+            await repair()
+            await listening.until(r"reconciliation \d+ done after \d+ failed attempts")
+        finally:
+            stop.set()
+            await sending
+        assert listening.proc.returncode is None
+        await sender.send(session)  # a new delivery, after the database is back
+    await applied(read, sender.acknowledged)
+    assert sender.unavailable > 0  # the database's failure was answered 503, not 200
+    print(f"acknowledged {len(sender.acknowledged)}, answered 503 {sender.unavailable} times")
+    out, text = await listening.stop()
+    assert listening.proc.returncode == 143, text
+    assert "Traceback" not in text
+    assert "asyncsubs: error:" not in text, text
+    assert re.search(r"^acme\s+\d", out, re.M)  # the summary, as after any stop
+    return text
+
+
+def sqlite_customers(db: Path) -> dict[str, str | None]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT id, updated_at FROM customers WHERE store = 'acme'")
+        return dict(rows.fetchall())
+
+
+async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the SQLite write lock past the busy timeout: each pull meanwhile
+    fails with one line and is tried again, deliveries are answered 503, and once the lock is
+    released the command goes on."""
+    db = tmp_path / "subs.db"
+    holder: asyncio.subprocess.Process | None = None
+
+    async def lock() -> None:
+        nonlocal holder
+        # A real lock, from another process: a write transaction left open until told.
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "import sqlite3, sys\n"
+            "conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n"
+            "conn.execute('BEGIN IMMEDIATE')\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.readline()\n",
+            str(db),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert holder.stdout is not None
+        assert await holder.stdout.readline() == b"locked\n"
+
+    async def unlock() -> None:
+        assert holder is not None
+        assert holder.stdin is not None
+        holder.stdin.write(b"\n")
+        await holder.stdin.drain()
+        assert await holder.wait() == 0
+
+    async with fake_server(seed=31) as server:
+        config = write_config(tmp_path, server)
+        env = environment(server)
+        async with sync_listen(config, str(db), env, "--db-timeout", "0.3") as listening:
+            text = await survive(
+                listening,
+                server,
+                lambda: sqlite_customers(db),
+                lock,
+                unlock,
+                r"reconciliation \d+ failed: database \S+: database is locked; trying again in",
+            )
+    assert f"database {db}: database is locked; trying again in 0.2s" in text
+    # The receiver says once that deliveries are answered 503, and once that they are not.
+    assert text.count("not written to the inbox (OperationalError: database is locked)") == 1
+    assert re.search(r"inbox is written again, after \d+ deliveries answered 503", text)
