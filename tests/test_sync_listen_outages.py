@@ -2,8 +2,9 @@
 
 Each test runs the command as a child process and reads its stderr line by line, waiting on
 what it says (with a deadline), never on time: an SQLite database locked by another process
-past the busy timeout (``--db-timeout`` set low). Afterwards it still runs, a new delivery is
-accepted and applied, and every delivery it acknowledged is in the database.
+past the busy timeout (``--db-timeout`` set low), a PostgreSQL server stopped and started
+under it. Afterwards it still runs, a new delivery is accepted and applied, and every
+delivery it acknowledged is in the database.
 """
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ import re
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
+from postgres_fixtures import postgres_server_fixture
 from test_sync_listen import SECRETS, environment, fake_server, write_config
 
 from asyncsubs.testing import FakeAdminServer
+from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value
+
+__all__ = ["postgres_server_fixture"]
 
 #: Deliveries are changes of acme's customers, stamped later than anything the server has: a
 #: reconciliation pull never overwrites them, so each one's row shows whether it was applied.
@@ -226,3 +232,47 @@ async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_servi
     # The receiver says once that deliveries are answered 503, and once that they are not.
     assert text.count("not written to the inbox (OperationalError: database is locked)") == 1
     assert re.search(r"inbox is written again, after \d+ deliveries answered 503", text)
+
+
+@pytest.fixture(name="own_postgres")
+def own_postgres_fixture(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start (the session's one serves
+    the other tests); where the session's is missing, the test skips as theirs do."""
+    server = PostgresServer(postgres_server.bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_postgresql_restart_fails_pulls_not_the_service(
+    tmp_path: Path, own_postgres: PostgresServer
+) -> None:
+    """The PostgreSQL server is stopped (every connection cut, new ones refused) and started
+    again: each pull meanwhile fails with one line and is tried again, deliveries are answered
+    503, and once the server is back the command goes on on new connections."""
+    import psycopg
+
+    url = own_postgres.create_database()
+
+    def customers() -> dict[str, str | None]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute("SELECT id, updated_at FROM customers WHERE store = 'acme'")
+            return dict(rows.fetchall())
+
+    async with fake_server(seed=32) as server:
+        config = write_config(tmp_path, server)
+        env = environment(server)
+        async with sync_listen(config, url, env, "--db-timeout", "1") as listening:
+            text = await survive(
+                listening,
+                server,
+                customers,
+                lambda: asyncio.to_thread(own_postgres.pause),
+                lambda: asyncio.to_thread(own_postgres.resume),
+                rf"(initial sync|reconciliation \d+) failed: database {re.escape(url)}: ",
+            )
+    # One line per failed pull, none of psycopg's own about each reconnection attempt.
+    assert "error connecting in 'asyncsubs'" not in text
+    assert "reconnection attempt" not in text

@@ -8,10 +8,12 @@ progress shown; ``--listen`` keeps it running with webhooks (``_listen``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +97,9 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help="how long a database operation waits before it fails: SQLite, while another "
-        "process holds the write lock. With --listen the pull is tried again and a delivery "
-        "answered 503; without, the command ends with the error (default: %(default)g)",
+        "process holds the write lock; PostgreSQL, for a connection (the server down or "
+        "restarting). With --listen the pull is tried again and a delivery answered 503; "
+        "without, the command ends with the error (default: %(default)g)",
     )
     sync.add_argument(
         "--resources",
@@ -151,10 +154,26 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     if redis is not None:
         configs = [attrs.evolve(config, redis=redis) for config in configs]
     runner = Runner(args, out)
-    with sink.lock():
+    with sink.lock(), _driver_log(enabled=args.debug):
         if args.listen is not None:
             return run_listen(args, configs, sink, runner)
         return _sync(args, configs, sink, runner)
+
+
+@contextlib.contextmanager
+def _driver_log(*, enabled: bool) -> Iterator[None]:
+    """psycopg's pool logs each failed connection attempt as a bare line of its own; the
+    command says what they mean (a failed pull, tried again; the error it ends with) in its
+    own lines, so they are shown only with --debug."""
+    if enabled:
+        yield
+        return
+    logger, handler = logging.getLogger("psycopg"), logging.NullHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runner: Runner) -> int:

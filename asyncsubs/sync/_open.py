@@ -25,13 +25,13 @@ def sink_for(url: str, *, lease: float = DEFAULT_LEASE, timeout: float = DEFAULT
     """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
     names no database. ``lease``: PostgreSQL's, see ``Leases``. ``timeout``: seconds an
     operation waits for the database before it fails: SQLite, for another process's write
-    lock (``SQLiteSink``'s ``busy_timeout``)."""
+    lock (``SQLiteSink``'s ``busy_timeout``); PostgreSQL, for a connection."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from .postgres import PostgresSink
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
-        return PostgresSink(url, lease=lease)
+        return PostgresSink(url, lease=lease, timeout=timeout)
     return SQLiteSink(_sqlite_path(url), busy_timeout=timeout)
 
 
