@@ -1,16 +1,18 @@
-"""``sync --listen`` is a service: it outlives its database's bad moments.
+"""``sync --listen`` is a service: it outlives its database's bad moments, and tells its totals.
 
 Each test runs the command as a child process and reads its stderr line by line, waiting on
 what it says (with a deadline), never on time: an SQLite database locked by another process
 past the busy timeout (``--db-timeout`` set low), a PostgreSQL server stopped and started
 under it. Afterwards it still runs, a new delivery is accepted and applied, and every
-delivery it acknowledged is in the database.
+delivery it acknowledged is in the database. With ``--log-format json`` its last event carries
+the totals the summary tables show.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -276,3 +278,64 @@ async def test_a_postgresql_restart_fails_pulls_not_the_service(
     # One line per failed pull, none of psycopg's own about each reconnection attempt.
     assert "error connecting in 'asyncsubs'" not in text
     assert "reconnection attempt" not in text
+
+
+async def test_the_last_json_event_carries_the_totals_the_summary_shows(tmp_path: Path) -> None:
+    """Deliveries accepted just before the stop, long before the next periodic ``webhooks``
+    event: the ``summary`` event at the stop counts them, as the tables on stdout do."""
+    db = tmp_path / "subs.db"
+    async with fake_server(seed=33) as server:
+        config = write_config(tmp_path, server)
+        env = environment(server)
+        options = ("--log-format", "json", "--progress-interval", "3600")
+        async with sync_listen(config, str(db), env, *options) as listening:
+            sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:20])
+            async with aiohttp.ClientSession() as session:
+                for _ in range(20):
+                    await sender.send(session)
+            out, text = await listening.stop()
+    assert listening.proc.returncode == 143, text
+    events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert not [e for e in events if e["event"] == "webhooks" and e["accepted"]]  # none sampled
+    summary = events[-2]  # before the note that says how to continue
+    assert summary["event"] == "summary", events[-3:]
+    assert events[-1]["event"] == "note"
+    assert summary["webhooks"]["accepted"] == summary["webhooks"]["applied"] == 20
+    acme = summary["webhook_stores"]["acme"]
+    assert (acme["accepted"], acme["applied"], acme["kept"], acme["lost"]) == (20, 20, 0, 0)
+    assert summary["webhook_stores"]["globex"]["accepted"] == 0
+    # The tables on stdout say the same.
+    table = re.search(r"^acme\s+(\d+)\s+(\d+)\s+(\d+)\s", out, re.M)
+    assert table is not None, out
+    assert [int(n) for n in table.groups()] == [20, 0, 20]
+    pulled = re.search(r"^([\d,]+) records? pulled in (\d+) runs?", out, re.M)
+    assert pulled is not None, out
+    assert summary["records"] == int(pulled[1].replace(",", "")) >= 560
+    assert summary["runs"] == int(pulled[2])
+    assert {(u["store"], u["resource"]) for u in summary["units"]} == {
+        (store, resource)
+        for store in ("acme", "globex")
+        for resource in ("subscriptions", "customers", "orders")
+    }
+    assert summary["database"] == str(db)
+
+
+async def test_a_sync_ends_with_a_json_summary_event(tmp_path: Path, capsys: Any) -> None:
+    from asyncsubs.__main__ import main
+
+    db = tmp_path / "subs.db"
+    async with fake_server(seed=34) as server:
+        config = write_config(tmp_path, server)
+        env = environment(server)
+        command = ["sync", "--config", str(config), "--db", str(db), "--log-format", "json"]
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            assert await asyncio.to_thread(main, command) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.err.splitlines()[-1])
+    assert summary["event"] == "summary"
+    assert summary["records"] == 560  # 120 * 3 + 70 + 40 + 90
+    assert {u["state"] for u in summary["units"]} == {"done"}
+    assert "webhooks" not in summary
+    assert "560 records from 2 stores" in captured.out

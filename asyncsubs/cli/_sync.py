@@ -44,7 +44,7 @@ from ._common import (
 )
 from ._listen import listen_address, run_listen
 from ._output import Output
-from ._summaries import sync_summary
+from ._summaries import summary_fields, sync_summary
 
 __all__ = ["add_parser"]
 
@@ -186,17 +186,21 @@ def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runn
         ):
             await run_round(e)
 
+    def summary() -> None:
+        if not args.quiet:
+            elapsed = time.monotonic() - started
+            sync_summary(runner.progress, elapsed, sink.where, stream=sys.stdout)
+            runner.out.event("summary", **summary_fields(runner.progress, elapsed, sink.where))
+
     try:
         runner.run(sync)
     except CommandFailed as exc:
-        if not args.quiet:
-            sync_summary(runner.progress, time.monotonic() - started, sink.where, stream=sys.stdout)
+        summary()
         if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             runner.out.note(
                 "interrupted; every committed page is kept: rerun the same command to resume"
             )
         raise
-    if not args.quiet:
-        sync_summary(runner.progress, time.monotonic() - started, sink.where, stream=sys.stdout)
+    summary()
     runner.raise_failures()
     return 0
