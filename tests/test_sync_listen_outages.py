@@ -26,13 +26,14 @@ import aiohttp
 import orjson
 import pytest
 from postgres_fixtures import postgres_server_fixture
+from redis_fixtures import RedisServer, own_redis_server_fixture
 from test_sync_listen import SECRETS, environment, fake_server, write_config
 
 from asyncsubs.testing import FakeAdminServer
 from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value
 
-__all__ = ["postgres_server_fixture"]
+__all__ = ["own_redis_server_fixture", "postgres_server_fixture"]
 
 #: Deliveries are changes of acme's customers, stamped later than anything the server has: a
 #: reconciliation pull never overwrites them, so each one's row shows whether it was applied.
@@ -50,15 +51,18 @@ class Listening:
     async def until(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
         """Read stderr until a line matches ``pattern``; fails if the process ends first."""
         assert self.proc.stderr is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                line = (await self.proc.stderr.readline()).decode()
-                assert line, f"sync --listen ended: {''.join(self.lines)}"
-                self.lines.append(line)
-                if url := re.search(r"webhooks of store (\w+): POST (http://[^\s\"]+)", line):
-                    self.urls[url[1]] = url[2]
-                if match := re.search(pattern, line):
-                    return match
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    line = (await self.proc.stderr.readline()).decode()
+                    assert line, f"sync --listen ended: {''.join(self.lines)}"
+                    self.lines.append(line)
+                    if url := re.search(r"webhooks of store (\w+): POST (http://[^\s\"]+)", line):
+                        self.urls[url[1]] = url[2]
+                    if match := re.search(pattern, line):
+                        return match
+        except TimeoutError:
+            raise AssertionError(f"{pattern!r} not said: {''.join(self.lines)}") from None
 
     async def stop(self) -> tuple[str, str]:
         """SIGTERM, then its stdout and the rest of its stderr."""
@@ -339,3 +343,32 @@ async def test_a_sync_ends_with_a_json_summary_event(tmp_path: Path, capsys: Any
     assert {u["state"] for u in summary["units"]} == {"done"}
     assert "webhooks" not in summary
     assert "560 records from 2 stores" in captured.out
+
+
+async def test_a_redis_restart_fails_units_not_the_service(
+    tmp_path: Path, own_redis_server: RedisServer
+) -> None:
+    """Redis pacing every store stops and starts: the units of the pulls meanwhile fail (no
+    request goes out unpaced) and are pulled again by a later reconciliation; deliveries do
+    not need Redis and are applied throughout."""
+    db = tmp_path / "subs.db"
+    async with fake_server(seed=35) as server:
+        config = write_config(tmp_path, server)
+        env = environment(server)
+        options = ("--redis", own_redis_server.url)
+        async with sync_listen(config, str(db), env, *options) as listening:
+            sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:10])
+            async with aiohttp.ClientSession() as session:
+                await asyncio.to_thread(own_redis_server.stop)
+                await listening.until(r"reconciliation \d+ done: .*, 6 failed \(retried next")
+                await sender.send(session)
+                await applied(lambda: sqlite_customers(db), sender.acknowledged)
+                await asyncio.to_thread(own_redis_server.start)
+                await listening.until(r"reconciliation \d+ done: [\d,]+ records pulled; next")
+                await sender.send(session)
+            await applied(lambda: sqlite_customers(db), sender.acknowledged)
+            _, text = await listening.stop()
+    assert listening.proc.returncode == 143, text
+    assert "Traceback" not in text
+    assert "asyncsubs: error:" not in text
+    assert "LimiterUnavailableError" in text
