@@ -27,9 +27,10 @@ import orjson
 import pytest
 from postgres_fixtures import postgres_server_fixture
 from redis_fixtures import RedisServer, own_redis_server_fixture
-from test_sync_listen import SECRETS, environment, fake_server, write_config
+from test_sync_listen import SECRETS, environment, fake_server, listen_configs, write_config
 
-from asyncsubs.testing import FakeAdminServer
+from asyncsubs.sync import DatabaseError, ListenSync, Message, sink_for
+from asyncsubs.testing import FakeAdminServer, no_waiting
 from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value
 
@@ -372,3 +373,56 @@ async def test_a_redis_restart_fails_units_not_the_service(
     assert "Traceback" not in text
     assert "asyncsubs: error:" not in text
     assert "LimiterUnavailableError" in text
+
+
+async def test_events_dead_lettered_while_the_database_fails_are_requeued_once_it_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event acknowledged while the database fails outlasts its handler's attempts and is
+    dead-lettered; the first pull that succeeds afterwards requeues it, and it is applied
+    without a restart."""
+    db = tmp_path / "subs.db"
+    said: list[str] = []
+
+    def observe(event: object) -> None:
+        if isinstance(event, Message):
+            said.append(event.text)
+
+    async def until(check: Callable[[], object]) -> Any:
+        """What ``check`` finds, polled (30 s at most)."""
+        async with asyncio.timeout(30):
+            while True:
+                if found := check():
+                    return found
+                await asyncio.sleep(0.01)
+
+    def saying(pattern: str) -> Callable[[], re.Match[str] | None]:
+        return lambda: next(filter(None, (re.search(pattern, text) for text in said)), None)
+
+    async def locked(*args: object) -> None:
+        raise DatabaseError(f"database {db}: database is locked")
+
+    async with fake_server(seed=36) as server:
+        engine = ListenSync(listen_configs(tmp_path, server), sink_for(str(db)), observe)
+        with no_waiting():
+            async with engine:
+                running = asyncio.create_task(engine.run("127.0.0.1", 0, reconcile_every=0.05))
+                url = (await until(saying(r"webhooks of store acme: POST (\S+)")))[1]
+                await until(saying("initial sync done"))
+                monkeypatch.setattr(engine.sink, "commit_page", locked)
+                monkeypatch.setattr(engine.sink, "upsert_record", locked)
+                await until(saying("failed: .*: database is locked; trying again in"))
+                sender = Sender(url, server.records("acme", "customers")[:1])
+                async with aiohttp.ClientSession() as session:
+                    await sender.send(session)
+                await until(lambda: engine.counts("acme").receiver.dead_lettered)
+                monkeypatch.undo()
+                await until(saying(r"done after \d+ failed attempts"))
+                await until(saying("webhooks of store acme: 1 dead letters requeued"))
+                await applied(lambda: sqlite_customers(db), sender.acknowledged)
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
