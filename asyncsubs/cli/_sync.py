@@ -21,6 +21,7 @@ import attrs
 
 from ..errors import ConfigError
 from ..sync import (
+    DEFAULT_DB_TIMEOUT,
     DEFAULT_LEASE,
     DEFAULT_MAX_STORES,
     DEFAULT_RECONCILE_EVERY,
@@ -33,7 +34,6 @@ from ..sync import (
     run_round,
     sink_for,
 )
-from ..sync._open import DEFAULT_TIMEOUT
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -94,7 +94,7 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     sync.add_argument(
         "--db-timeout",
         type=positive_float,
-        default=DEFAULT_TIMEOUT,
+        default=DEFAULT_DB_TIMEOUT,
         metavar="SECONDS",
         help="how long a database operation waits before it fails: SQLite, while another "
         "process holds the write lock; PostgreSQL, for a connection (the server down or "

@@ -325,7 +325,9 @@ class ListenSync:
         pulled = failures = 0
         while True:
             what = "initial sync" if pulled == 0 else f"reconciliation {pulled}"
-            started, before = loop.time(), self.engine.records
+            started = loop.time()
+            if not failures:  # what failed attempts committed counts too
+                before = self.engine.records
             try:
                 failed = await self.pull()
             except DatabaseError as exc:
@@ -345,7 +347,11 @@ class ListenSync:
             self.observe(
                 Message(
                     f"{what} done"
-                    + (f" after {failures} failed attempts" if failures else "")
+                    + (
+                        f" after {failures} failed attempt{'s' * (failures > 1)}"
+                        if failures
+                        else ""
+                    )
                     + f": {self.engine.records - before:,} records pulled"
                     + (f", {failed} failed (retried next time)" if failed else "")
                     + f"; next reconciliation in {_seconds(delay)}"

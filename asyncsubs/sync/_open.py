@@ -15,13 +15,15 @@ from ..errors import ConfigError
 from ._sink import DEFAULT_LEASE, Sink
 from .sqlite import SQLiteSink
 
-__all__ = ["DEFAULT_TIMEOUT", "sink_for"]
+__all__ = ["DEFAULT_DB_TIMEOUT", "sink_for"]
 
 #: Seconds a database operation waits for the database (a lock, a connection) by default.
-DEFAULT_TIMEOUT: Final = 10.0
+DEFAULT_DB_TIMEOUT: Final = 10.0
 
 
-def sink_for(url: str, *, lease: float = DEFAULT_LEASE, timeout: float = DEFAULT_TIMEOUT) -> Sink:
+def sink_for(
+    url: str, *, lease: float = DEFAULT_LEASE, timeout: float = DEFAULT_DB_TIMEOUT
+) -> Sink:
     """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
     names no database. ``lease``: PostgreSQL's, see ``Leases``. ``timeout``: seconds an
     operation waits for the database before it fails: SQLite, for another process's write
