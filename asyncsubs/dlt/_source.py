@@ -9,6 +9,7 @@ their ``store``.
 
 import asyncio
 import datetime
+import importlib.util
 import logging
 import math
 import time
@@ -39,6 +40,11 @@ log = logging.getLogger("asyncsubs.dlt")
 #: lag says so in a WARNING. The rows reached again are merged on their key: no duplicates.
 DEFAULT_LAG: Final = 3600.0
 _WRITE_DISPOSITIONS: Final = ("merge", "replace")
+#: Load through parquet where the destination takes it: into DuckDB a load of 18,000 records
+#: takes 0.8 s instead of 9.4 s and peaks at a fifth of the memory (benchmarks/README.md, dlt).
+#: dlt writes parquet with pyarrow (in the ``dlt`` extra); a destination that takes no parquet
+#: gets its default format, with dlt's warning; ``pipeline.run(loader_file_format=...)`` wins.
+_PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
 
 
 def _columns(deletes: bool) -> dict[str, Any]:
@@ -226,6 +232,8 @@ def _resource(
         "write_disposition": write_disposition,
         "columns": _columns(deletes is not None),
     }
+    if _PARQUET:
+        hints["file_format"] = "parquet"
     return dlt.resource(pull, **hints)
 
 
