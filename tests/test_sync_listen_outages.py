@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -29,7 +30,7 @@ from postgres_fixtures import postgres_server_fixture
 from redis_fixtures import RedisServer, own_redis_server_fixture
 from test_sync_listen import SECRETS, environment, fake_server, listen_configs, write_config
 
-from asyncsubs.sync import DatabaseError, ListenSync, Message, sink_for
+from asyncsubs.sync import DatabaseError, DatabaseUnavailable, ListenSync, Message, sink_for
 from asyncsubs.testing import FakeAdminServer, no_waiting
 from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value
@@ -375,50 +376,90 @@ async def test_a_redis_restart_fails_units_not_the_service(
     assert "LimiterUnavailableError" in text
 
 
-async def test_events_dead_lettered_while_the_database_fails_are_requeued_once_it_is_back(
+class Said:
+    """The ``Message`` lines a ``ListenSync`` told (its observer), to wait on."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, Message):
+            self.lines.append(event.text)
+
+    def saying(self, pattern: str) -> Callable[[], re.Match[str] | None]:
+        return lambda: next(filter(None, (re.search(pattern, t) for t in self.lines)), None)
+
+
+async def until(check: Callable[[], object]) -> Any:
+    """What ``check`` finds, polled (30 s at most)."""
+    async with asyncio.timeout(30):
+        while True:
+            if found := check():
+                return found
+            await asyncio.sleep(0.01)
+
+
+async def test_events_wait_for_a_database_that_cannot_be_written_now(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An event acknowledged while the database fails outlasts its handler's attempts and is
-    dead-lettered; the first pull that succeeds afterwards requeues it, and it is applied
-    without a restart."""
+    """An event acknowledged before the database became unavailable (locked, restarting) waits
+    for it however long that takes, instead of spending its handler attempts (retried at
+    once here) and being dead-lettered; it is applied once the database takes writes again."""
     db = tmp_path / "subs.db"
-    said: list[str] = []
-
-    def observe(event: object) -> None:
-        if isinstance(event, Message):
-            said.append(event.text)
-
-    async def until(check: Callable[[], object]) -> Any:
-        """What ``check`` finds, polled (30 s at most)."""
-        async with asyncio.timeout(30):
-            while True:
-                if found := check():
-                    return found
-                await asyncio.sleep(0.01)
-
-    def saying(pattern: str) -> Callable[[], re.Match[str] | None]:
-        return lambda: next(filter(None, (re.search(pattern, text) for text in said)), None)
+    said = Said()
 
     async def locked(*args: object) -> None:
-        raise DatabaseError(f"database {db}: database is locked")
+        raise DatabaseUnavailable(f"database {db}: database is locked")
+
+    async with fake_server(seed=37) as server:
+        engine = ListenSync(listen_configs(tmp_path, server), sink_for(str(db)), said)
+        with no_waiting():
+            async with engine:
+                url = (await engine.listen("127.0.0.1", 0))["acme"]
+                await engine.pull()
+                monkeypatch.setattr(engine.sink, "upsert_record", locked)
+                sender = Sender(url, server.records("acme", "customers")[:1])
+                async with aiohttp.ClientSession() as session:
+                    await sender.send(session)
+                await until(said.saying("acme: .*database is locked; events wait until"))
+                monkeypatch.undo()
+                await until(said.saying("webhooks of store acme: applied again"))
+                await engine.join()
+                counts = engine.counts("acme")
+                assert (counts.applied, counts.receiver.failed_attempts) == (1, 0)
+                assert counts.receiver.dead_lettered == 0
+    assert sqlite_customers(db)[next(iter(sender.acknowledged))] == STAMP.format(0)
+
+
+async def test_dead_letters_of_a_database_failure_are_requeued_once_pulls_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event acknowledged while every write fails for a cause that is not a lock or a lost
+    connection (a full disk) is dead-lettered after its handler attempts; the first pull that
+    succeeds afterwards requeues it, and it is applied without a restart."""
+    db = tmp_path / "subs.db"
+    said = Said()
+
+    async def full(*args: object) -> None:
+        raise DatabaseError(f"database {db}: database or disk is full")
 
     async with fake_server(seed=36) as server:
-        engine = ListenSync(listen_configs(tmp_path, server), sink_for(str(db)), observe)
+        engine = ListenSync(listen_configs(tmp_path, server), sink_for(str(db)), said)
         with no_waiting():
             async with engine:
                 running = asyncio.create_task(engine.run("127.0.0.1", 0, reconcile_every=0.05))
-                url = (await until(saying(r"webhooks of store acme: POST (\S+)")))[1]
-                await until(saying("initial sync done"))
-                monkeypatch.setattr(engine.sink, "commit_page", locked)
-                monkeypatch.setattr(engine.sink, "upsert_record", locked)
-                await until(saying("failed: .*: database is locked; trying again in"))
+                url = (await until(said.saying(r"webhooks of store acme: POST (\S+)")))[1]
+                await until(said.saying("initial sync done"))
+                monkeypatch.setattr(engine.sink, "commit_page", full)
+                monkeypatch.setattr(engine.sink, "upsert_record", full)
+                await until(said.saying("failed: .*: database or disk is full; trying again in"))
                 sender = Sender(url, server.records("acme", "customers")[:1])
                 async with aiohttp.ClientSession() as session:
                     await sender.send(session)
                 await until(lambda: engine.counts("acme").receiver.dead_lettered)
                 monkeypatch.undo()
-                await until(saying(r"done after \d+ failed attempts?"))
-                await until(saying("webhooks of store acme: 1 dead letters requeued"))
+                await until(said.saying(r"done after \d+ failed attempts?"))
+                await until(said.saying("webhooks of store acme: 1 dead letters requeued"))
                 await applied(lambda: sqlite_customers(db), sender.acknowledged)
                 running.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -426,3 +467,29 @@ async def test_events_dead_lettered_while_the_database_fails_are_requeued_once_i
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
+
+
+async def test_the_sinks_tell_a_database_unavailable_now_from_other_failures(
+    tmp_path: Path,
+) -> None:
+    """Locked (SQLite) or unreachable (PostgreSQL): ``DatabaseUnavailable``, which waits;
+    not a database: a plain ``DatabaseError``, which does not."""
+    db = tmp_path / "subs.db"
+    record = {"id": 1, "updatedAt": "2031-01-01T00:00:00Z"}
+    async with sink_for(str(db), timeout=0.05) as sink:
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseUnavailable, match="database is locked"):
+                await sink.upsert_record("acme", "customers", record)
+        assert await sink.upsert_record("acme", "customers", record)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 100)
+    with pytest.raises(DatabaseError) as raised:
+        await sink_for(str(garbage)).open()
+    assert not isinstance(raised.value, DatabaseUnavailable)
+    pytest.importorskip("psycopg")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(DatabaseUnavailable):
+        await sink_for(f"postgresql://asyncsubs@127.0.0.1:{port}/none", timeout=0.5).open()

@@ -27,8 +27,9 @@ another process past the busy timeout, a PostgreSQL server restarted or a connec
 told as one ``Message`` and tried again after a backoff (``DATABASE_RETRY_FIRST`` doubling up
 to ``DATABASE_RETRY_MAX``, never later than the next reconciliation would be), as often as it
 takes; the listener keeps serving meanwhile (a delivery the inbox cannot take is answered 503,
-so its sender retries it). Once a pull succeeds again, the dead letters the failure made are
-requeued, as on start.
+so its sender retries it), and events accepted before wait to be applied until the database
+takes them, rather than spending their handler attempts. Once a pull succeeds again, the dead
+letters other database failures made are requeued, as on start.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from ._config import StoreConfig
 from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
 from ._events import Message, Observer, WebhookCounts, WebhookRefused
 from ._schedulers import run_round
-from ._sink import DatabaseError, Sink
+from ._sink import DatabaseError, DatabaseUnavailable, Sink
 
 __all__ = [
     "DATABASE_RETRY_FIRST",
@@ -234,6 +235,35 @@ class ListenSync:
         store, sink = config.store, self.sink
         resources = frozenset(config.resources)
         counts = self._applied[store]
+        waiting = False
+
+        async def wait_for_database(event: WebhookEvent) -> None:
+            # A database that cannot be written now is no fault of the event: it waits (the
+            # receiver's queue behind it) instead of spending its attempts and being
+            # dead-lettered by an outage longer than them.
+            nonlocal waiting
+            delay = DATABASE_RETRY_FIRST
+            while True:
+                try:
+                    await apply(event)
+                except WebhookApplyError as exc:
+                    if not isinstance(exc.__cause__, DatabaseUnavailable):
+                        raise
+                    if not waiting:
+                        waiting = True
+                        self.observe(
+                            Message(
+                                f"webhooks of store {store}: {exc.__cause__}; events wait "
+                                "until the database takes them"
+                            )
+                        )
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, DATABASE_RETRY_MAX)
+                else:
+                    if waiting:
+                        waiting = False
+                        self.observe(Message(f"webhooks of store {store}: applied again"))
+                    return
 
         async def apply(event: WebhookEvent) -> None:
             # The store is the one whose URL the delivery came through: signed with the store's
@@ -259,7 +289,7 @@ class ListenSync:
                 # Raising has the receiver retry, then dead-letter the event.
                 raise WebhookApplyError(f"store {store}: {describe_error(exc)}") from exc
 
-        return apply
+        return wait_for_database
 
     async def listen(self, host: str, port: int) -> dict[str, str]:
         """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``, resume what

@@ -47,6 +47,7 @@ from ._sink import (
     STATE_TABLE,
     STATE_UPDATE,
     DatabaseError,
+    DatabaseUnavailable,
     DeadLetters,
     LeaseLostError,
     PageWrite,
@@ -229,7 +230,10 @@ class PostgresSink(SinkLifetime):
         text = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, PoolTimeout):
             text = f"no connection within {self.timeout:g}s (is the server up and reachable?)"
-        return DatabaseError(f"database {self.where}: {text}")
+        # The connection's failures (refused, lost, the server shutting down), not the SQL's.
+        unavailable = isinstance(exc, psycopg.OperationalError | PoolTimeout)
+        error = DatabaseUnavailable if unavailable else DatabaseError
+        return error(f"database {self.where}: {text}")
 
     @contextlib.asynccontextmanager
     async def transaction(

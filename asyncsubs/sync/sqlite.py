@@ -43,6 +43,7 @@ from ._sink import (
     STATE_TABLE,
     STATE_UPDATE,
     DatabaseError,
+    DatabaseUnavailable,
     DeadLetters,
     PageWrite,
     SinkLifetime,
@@ -63,6 +64,7 @@ __all__ = [
 T = TypeVar("T")
 LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
+_BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 #: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
@@ -188,7 +190,10 @@ class SQLiteSink(SinkLifetime):
         try:
             return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
         except sqlite3.Error as exc:
-            raise DatabaseError(f"database {self.path}: {exc}") from exc
+            # Busy or locked (extended codes too): another connection's lock, not this write.
+            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY
+            error = DatabaseUnavailable if busy else DatabaseError
+            raise error(f"database {self.path}: {exc}") from exc
 
     @property
     def conn(self) -> sqlite3.Connection:
