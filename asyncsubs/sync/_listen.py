@@ -63,6 +63,7 @@ from ._schedulers import run_round
 from ._sink import DatabaseError, DatabaseUnavailable, Sink
 
 __all__ = [
+    "APPLY_RETRY_MAX",
     "DATABASE_RETRY_FIRST",
     "DATABASE_RETRY_MAX",
     "DEFAULT_RECONCILE_EVERY",
@@ -82,6 +83,10 @@ REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
 #: restart usually ends within seconds, a longer outage is not polled more than once a minute.
 DATABASE_RETRY_FIRST: Final = 1.0
 DATABASE_RETRY_MAX: Final = 60.0
+#: The longest wait between an event's tries while the database cannot be written: a try is
+#: one write (a pull's is a whole round of requests), and events should follow the database's
+#: return within seconds.
+APPLY_RETRY_MAX: Final = 5.0
 #: Seconds between looks at the receivers' counters (told only when they changed).
 COUNTS_EVERY: Final = 1.0
 #: The stores.toml keys to check for each reason a delivery is refused (a payload that is
@@ -258,7 +263,7 @@ class ListenSync:
                             )
                         )
                     await asyncio.sleep(delay)
-                    delay = min(2 * delay, DATABASE_RETRY_MAX)
+                    delay = min(2 * delay, APPLY_RETRY_MAX)
                 else:
                     if waiting:
                         waiting = False
