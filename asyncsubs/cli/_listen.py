@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from ..errors import ConfigError
 from ..sync import DEFAULT_RECONCILE_EVERY, ListenSync, Message, Sink, StoreConfig
 from ._common import EXIT_INTERRUPTED, EXIT_TERMINATED, CommandFailed, Runner
-from ._summaries import sync_summary, webhook_summary
+from ._summaries import summary_fields, sync_summary, webhook_summary
 
 __all__ = ["listen_address", "parse_listen", "run_listen"]
 
@@ -95,6 +95,8 @@ def run_listen(
             elapsed, progress = time.monotonic() - started, runner.progress
             sync_summary(progress, elapsed, sink.where, stream=sys.stdout, runs=progress.runs)
             webhook_summary(progress, stream=sys.stdout)
+            fields = summary_fields(progress, elapsed, sink.where, runs=progress.runs)
+            runner.out.event("summary", **fields)
         if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             runner.out.note(
                 "stopped; accepted webhooks not applied yet are kept in webhook_inbox and every "

@@ -80,3 +80,8 @@ class Output:
 
     def note(self, message: str) -> None:
         self._say("note", message)
+
+    def event(self, event: str, **fields: Any) -> None:
+        """One JSON line of ``event`` with ``fields`` (``--log-format json`` only)."""
+        if self.json:
+            self.write(json_line("info", event, **fields))

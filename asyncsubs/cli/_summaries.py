@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any
 
+import attrs
+
+from ._display import row_figures
 from ._progress import Progress, allowed_cell, learned_text, page_cell, plural
 from ._tables import print_table
-from ._webhooks import by_reason, refusals, refused
+from ._webhooks import by_reason, refusals, refused, webhook_totals
 
-__all__ = ["sync_summary", "webhook_summary"]
+__all__ = ["summary_fields", "sync_summary", "webhook_summary"]
 
 
 def sync_summary(
@@ -121,3 +124,41 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
             *(f"{reason}: check {check}" for reason, check in progress.refusal_checks.items()),
         ],
     )
+
+
+def summary_fields(
+    progress: Progress, elapsed: float, where: str, *, runs: int | None = None
+) -> dict[str, Any]:
+    """What both tables show, as the fields of ``--log-format json``'s last event: taken once
+    the command stopped, so nothing counted in its last moments is missing."""
+    fields: dict[str, Any] = {
+        "records": progress.records if runs is None else progress.pulled,
+        "stores": len({row.store for row in progress.rows.values()}),
+        "elapsed": round(elapsed, 3),
+        "database": where,
+        "units": [
+            {"store": row.store, "resource": row.resource, **row_figures(row)}
+            for row in progress.rows.values()
+        ],
+    }
+    if runs is not None:
+        fields["runs"] = runs
+    if progress.webhooks:
+        fields["webhooks"] = attrs.asdict(webhook_totals(progress.webhooks))
+        fields["webhook_stores"] = {
+            store: {
+                "accepted": hook.receiver.accepted,
+                "duplicates": hook.receiver.duplicates,
+                "applied": hook.applied,
+                "deletes": hook.deletes,
+                "stale": hook.stale,
+                "ignored": hook.ignored,
+                "refused": refused(hook),
+                "refusals": refusals(hook),
+                "dead_letters": hook.receiver.dead_lettered,
+                "kept": hook.receiver.unfinished,
+                "lost": hook.receiver.unsaved,
+            }
+            for store, hook in progress.webhooks.items()
+        }
+    return fields

@@ -8,10 +8,12 @@ progress shown; ``--listen`` keeps it running with webhooks (``_listen``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import attrs
 
 from ..errors import ConfigError
 from ..sync import (
+    DEFAULT_DB_TIMEOUT,
     DEFAULT_LEASE,
     DEFAULT_MAX_STORES,
     DEFAULT_RECONCILE_EVERY,
@@ -42,7 +45,7 @@ from ._common import (
 )
 from ._listen import listen_address, run_listen
 from ._output import Output
-from ._summaries import sync_summary
+from ._summaries import summary_fields, sync_summary
 
 __all__ = ["add_parser"]
 
@@ -97,6 +100,16 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
         "renewing it (killed, lost) before another worker takes it over",
     )
     sync.add_argument(
+        "--db-timeout",
+        type=positive_float,
+        default=DEFAULT_DB_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a database operation waits before it fails: SQLite, while another "
+        "process holds the write lock; PostgreSQL, for a connection (the server down or "
+        "restarting). With --listen the pull is tried again and a delivery answered 503; "
+        "without, the command ends with the error (default: %(default)g)",
+    )
+    sync.add_argument(
         "--resources",
         nargs="+",
         metavar="RESOURCE",
@@ -136,7 +149,7 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
 
 
 def cmd_sync(args: argparse.Namespace, out: Output) -> int:
-    sink = sink_for(args.db, lease=args.lease)
+    sink = sink_for(args.db, lease=args.lease, timeout=args.db_timeout)
     if args.listen is None and args.reconcile_every is not None:
         raise ConfigError("--reconcile-every needs --listen")
     redis = None if args.redis is None else check_redis_url(args.redis, where="--redis")
@@ -154,10 +167,26 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
             raise ConfigError("--redis-fallback needs --redis (or the config key redis)")
         configs = [attrs.evolve(config, redis_fallback=args.redis_fallback) for config in configs]
     runner = Runner(args, out)
-    with sink.lock():
+    with sink.lock(), _driver_log(enabled=args.debug):
         if args.listen is not None:
             return run_listen(args, configs, sink, runner)
         return _sync(args, configs, sink, runner)
+
+
+@contextlib.contextmanager
+def _driver_log(*, enabled: bool) -> Iterator[None]:
+    """psycopg's pool logs each failed connection attempt as a bare line of its own; the
+    command says what they mean (a failed pull, tried again; the error it ends with) in its
+    own lines, so they are shown only with --debug."""
+    if enabled:
+        yield
+        return
+    logger, handler = logging.getLogger("psycopg"), logging.NullHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runner: Runner) -> int:
@@ -170,17 +199,21 @@ def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runn
         ):
             await run_round(e)
 
+    def summary() -> None:
+        if not args.quiet:
+            elapsed = time.monotonic() - started
+            sync_summary(runner.progress, elapsed, sink.where, stream=sys.stdout)
+            runner.out.event("summary", **summary_fields(runner.progress, elapsed, sink.where))
+
     try:
         runner.run(sync)
     except CommandFailed as exc:
-        if not args.quiet:
-            sync_summary(runner.progress, time.monotonic() - started, sink.where, stream=sys.stdout)
+        summary()
         if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             runner.out.note(
                 "interrupted; every committed page is kept: rerun the same command to resume"
             )
         raise
-    if not args.quiet:
-        sync_summary(runner.progress, time.monotonic() - started, sink.where, stream=sys.stdout)
+    summary()
     runner.raise_failures()
     return 0

@@ -61,12 +61,13 @@ from ._events import (
     WebhookRefused,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
-from ._open import sink_for
+from ._open import DEFAULT_DB_TIMEOUT, sink_for
 from ._schedulers import run_round
 from ._sink import (
     DEFAULT_LEASE,
     RESOURCES,
     DatabaseError,
+    DatabaseUnavailable,
     DeadLetters,
     LeaseLostError,
     Leases,
@@ -78,11 +79,13 @@ from ._sink import (
 
 __all__ = [
     "ConfigFileError",
+    "DEFAULT_DB_TIMEOUT",
     "DEFAULT_LEASE",
     "DEFAULT_MAX_STORES",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_RECONCILE_EVERY",
     "DatabaseError",
+    "DatabaseUnavailable",
     "DeadLetters",
     "Event",
     "Incremental",

@@ -21,6 +21,15 @@ Webhooks can be lost, so after the initial sync every ``reconcile_every`` second
 pull of every (store, resource) fetches what changed since before the previous pull began, and
 so whatever the webhooks missed. It cannot see deletes: a delete whose webhook was lost leaves
 its row in place.
+
+A service outlives its database's bad moments: a pull the database fails (SQLite locked by
+another process past the busy timeout, a PostgreSQL server restarted or a connection cut) is
+told as one ``Message`` and tried again after a backoff (``DATABASE_RETRY_FIRST`` doubling up
+to ``DATABASE_RETRY_MAX``, never later than the next reconciliation would be), as often as it
+takes; the listener keeps serving meanwhile (a delivery the inbox cannot take is answered 503,
+so its sender retries it), and events accepted before wait to be applied until the database
+takes them, rather than spending their handler attempts. Once a pull succeeds again, the dead
+letters other database failures made are requeued, as on start.
 """
 
 from __future__ import annotations
@@ -51,9 +60,12 @@ from ._config import StoreConfig
 from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
 from ._events import Message, Observer, WebhookCounts, WebhookRefused
 from ._schedulers import run_round
-from ._sink import Sink
+from ._sink import DatabaseError, DatabaseUnavailable, Sink
 
 __all__ = [
+    "APPLY_RETRY_MAX",
+    "DATABASE_RETRY_FIRST",
+    "DATABASE_RETRY_MAX",
     "DEFAULT_RECONCILE_EVERY",
     "ListenSync",
     "REQUEUE_BELOW_ATTEMPTS",
@@ -66,6 +78,15 @@ WEBHOOK_ROUTE: Final = "/webhooks/{store}"
 #: (three rounds of ``max_handler_attempts``): a cause fixed in between (a locked or full
 #: disk) is recovered by a restart, a poison event is not retried for ever.
 REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
+#: Seconds before a pull the database failed is tried again, doubled at each failure in a row
+#: up to ``DATABASE_RETRY_MAX`` (and never beyond the reconciliation interval): a lock or a
+#: restart usually ends within seconds, a longer outage is not polled more than once a minute.
+DATABASE_RETRY_FIRST: Final = 1.0
+DATABASE_RETRY_MAX: Final = 60.0
+#: The longest wait between an event's tries while the database cannot be written: a try is
+#: one write (a pull's is a whole round of requests), and events should follow the database's
+#: return within seconds.
+APPLY_RETRY_MAX: Final = 5.0
 #: Seconds between looks at the receivers' counters (told only when they changed).
 COUNTS_EVERY: Final = 1.0
 #: The stores.toml keys to check for each reason a delivery is refused (a payload that is
@@ -96,6 +117,10 @@ def what_to_check(refusal: Refusal) -> str:
     if keys is None:
         return refusal.hint + '; sync --listen reads the default shape, {"id", "topic", "data"}'
     return f"{refusal.hint}; in stores.toml: {', '.join(keys)}"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
 
 
 class WebhookApplyError(Exception):
@@ -215,6 +240,35 @@ class ListenSync:
         store, sink = config.store, self.sink
         resources = frozenset(config.resources)
         counts = self._applied[store]
+        waiting = False
+
+        async def wait_for_database(event: WebhookEvent) -> None:
+            # A database that cannot be written now is no fault of the event: it waits (the
+            # receiver's queue behind it) instead of spending its attempts and being
+            # dead-lettered by an outage longer than them.
+            nonlocal waiting
+            delay = DATABASE_RETRY_FIRST
+            while True:
+                try:
+                    await apply(event)
+                except WebhookApplyError as exc:
+                    if not isinstance(exc.__cause__, DatabaseUnavailable):
+                        raise
+                    if not waiting:
+                        waiting = True
+                        self.observe(
+                            Message(
+                                f"webhooks of store {store}: {exc.__cause__}; events wait "
+                                "until the database takes them"
+                            )
+                        )
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, APPLY_RETRY_MAX)
+                else:
+                    if waiting:
+                        waiting = False
+                        self.observe(Message(f"webhooks of store {store}: applied again"))
+                    return
 
         async def apply(event: WebhookEvent) -> None:
             # The store is the one whose URL the delivery came through: signed with the store's
@@ -240,7 +294,7 @@ class ListenSync:
                 # Raising has the receiver retry, then dead-letter the event.
                 raise WebhookApplyError(f"store {store}: {describe_error(exc)}") from exc
 
-        return apply
+        return wait_for_database
 
     async def listen(self, host: str, port: int) -> dict[str, str]:
         """Serve every store's webhooks at ``/webhooks/<store>`` on ``host:port``, resume what
@@ -256,19 +310,25 @@ class ListenSync:
                 f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
             ) from None
         self._listener = listener
-        for store, receiver in self.receivers.items():
+        for receiver in self.receivers.values():
             await receiver.start()
-            requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
-            if requeued:
-                self.observe(
-                    Message(f"webhooks of store {store}: dead letters requeued: {requeued}")
-                )
+        await self._requeue_dead_letters()
         self._watching = asyncio.create_task(self._watch_counts())
         shown = f"[{host}]" if ":" in host else host
         return {
             store: f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
             for store in self.receivers
         }
+
+    async def _requeue_dead_letters(self) -> None:
+        """Queue again the dead letters with fewer than ``REQUEUE_BELOW_ATTEMPTS`` attempts:
+        those whose cause (a locked or unreachable database) may be gone."""
+        for store, receiver in self.receivers.items():
+            requeued = await receiver.requeue_dead_letters(max_attempts=REQUEUE_BELOW_ATTEMPTS)
+            if requeued:
+                self.observe(
+                    Message(f"webhooks of store {store}: dead letters requeued: {requeued}")
+                )
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         store = request.match_info["store"]
@@ -290,27 +350,54 @@ class ListenSync:
 
     async def run(self, host: str, port: int, reconcile_every: float) -> None:
         """Listen, run the initial sync, then reconcile every ``reconcile_every`` seconds (from
-        the start of the previous pull), until cancelled (Ctrl-C, SIGTERM)."""
+        the start of the previous pull), until cancelled (Ctrl-C, SIGTERM). A pull the
+        database fails is told and tried again after a backoff (see the module's notes)."""
         loop = asyncio.get_running_loop()
         # Listening before the initial sync: changes made while it runs arrive as webhooks
         # rather than being refused (the upsert rule keeps its older pages from winning).
         for store, url in (await self.listen(host, port)).items():
             self.observe(Message(f"webhooks of store {store}: POST {url}"))
+        pulled = failures = 0
         while True:
-            started, before = loop.time(), self.engine.records
-            failed = await self.pull()
-            rounds = self.engine.rounds
-            what = "initial sync" if rounds == 1 else f"reconciliation {rounds - 1}"
+            what = "initial sync" if pulled == 0 else f"reconciliation {pulled}"
+            started = loop.time()
+            if not failures:  # what failed attempts committed counts too
+                before = self.engine.records
+            try:
+                failed = await self.pull()
+            except DatabaseError as exc:
+                failures += 1
+                delay = min(
+                    DATABASE_RETRY_FIRST * 2.0 ** (failures - 1),
+                    DATABASE_RETRY_MAX,
+                    reconcile_every,
+                )
+                self.observe(Message(f"{what} failed: {exc}; trying again in {_seconds(delay)}"))
+                await asyncio.sleep(delay)
+                continue
+            pulled += 1
             # Reconciliations keep their pace however long one takes (one longer than the
             # interval is followed at once by the next).
             delay = max(0.0, started + reconcile_every - loop.time())
             self.observe(
                 Message(
-                    f"{what} done: {self.engine.records - before:,} records pulled"
+                    f"{what} done"
+                    + (
+                        f" after {failures} failed attempt{'s' * (failures > 1)}"
+                        if failures
+                        else ""
+                    )
+                    + f": {self.engine.records - before:,} records pulled"
                     + (f", {failed} failed (retried next time)" if failed else "")
-                    + f"; next reconciliation in {delay:.0f}s"
+                    + f"; next reconciliation in {_seconds(delay)}"
                 )
             )
+            if failures:
+                failures = 0
+                try:
+                    await self._requeue_dead_letters()
+                except Exception as exc:  # the database failing again: the next start does it
+                    self.observe(Message(f"dead letters not requeued: {describe_error(exc)}"))
             await asyncio.sleep(delay)
 
     async def aclose(self) -> None:

@@ -9,24 +9,32 @@ at a time (``sqlite.SQLiteSink``). Everything else speaks to the ``Sink`` it ret
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 from ..errors import ConfigError
 from ._sink import DEFAULT_LEASE, Sink
 from .sqlite import SQLiteSink
 
-__all__ = ["sink_for"]
+__all__ = ["DEFAULT_DB_TIMEOUT", "sink_for"]
+
+#: Seconds a database operation waits for the database (a lock, a connection) by default.
+DEFAULT_DB_TIMEOUT: Final = 10.0
 
 
-def sink_for(url: str, *, lease: float = DEFAULT_LEASE) -> Sink:
+def sink_for(
+    url: str, *, lease: float = DEFAULT_LEASE, timeout: float = DEFAULT_DB_TIMEOUT
+) -> Sink:
     """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
-    names no database. ``lease``: PostgreSQL's, see ``Leases``."""
+    names no database. ``lease``: PostgreSQL's, see ``Leases``. ``timeout``: seconds an
+    operation waits for the database before it fails: SQLite, for another process's write
+    lock (``SQLiteSink``'s ``busy_timeout``); PostgreSQL, for a connection."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from .postgres import PostgresSink
         except ImportError as exc:
             raise ConfigError(str(exc)) from None
-        return PostgresSink(url, lease=lease)
-    return SQLiteSink(_sqlite_path(url))
+        return PostgresSink(url, lease=lease, timeout=timeout)
+    return SQLiteSink(_sqlite_path(url), busy_timeout=timeout)
 
 
 def _sqlite_path(url: str) -> Path:

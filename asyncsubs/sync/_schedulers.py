@@ -71,7 +71,10 @@ async def _in_this_process(engine: SyncEngine) -> int:
 
     async def unit(client: AdminClient, config: StoreConfig, resource: str) -> None:
         nonlocal failed
-        failed += await engine.pull(client, config, resource) is not None
+        # Awaited before the addition: ``failed += await ...`` would read ``failed`` before
+        # the pull and lose the failures counted by other units meanwhile.
+        error = await engine.pull(client, config, resource)
+        failed += error is not None
 
     async def store(config: StoreConfig) -> None:
         async with slots, await engine.open_client(config) as client:

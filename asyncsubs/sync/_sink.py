@@ -27,6 +27,7 @@ __all__ = [
     "LEARNED_TABLE",
     "LEARNED_UPDATE",
     "DatabaseError",
+    "DatabaseUnavailable",
     "DeadLetters",
     "LeaseLostError",
     "Leases",
@@ -89,6 +90,12 @@ _COLUMNS: Final = (
 class DatabaseError(AsyncSubsError):
     """The sync database failed (SQLite: cannot open, disk full, not a database, locked;
     PostgreSQL: unreachable, connection lost, refused)."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be written now, through no fault of what was written (SQLite:
+    locked by another process past the busy timeout; PostgreSQL: unreachable, restarting,
+    the connection lost): the same write may succeed later."""
 
 
 class LeaseLostError(Exception):

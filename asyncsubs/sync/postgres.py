@@ -48,6 +48,7 @@ from ._sink import (
     STATE_TABLE,
     STATE_UPDATE,
     DatabaseError,
+    DatabaseUnavailable,
     DeadLetters,
     LeaseLostError,
     PageWrite,
@@ -84,6 +85,8 @@ CHANNEL: Final = "asyncsubs_units"
 #: Connections per worker: page commits are short (one pipelined round trip per page), so a
 #: few serve hundreds of units; the LISTEN connection is extra.
 POOL_SIZE: Final = 4
+#: Seconds an operation waits for a connection by default.
+DEFAULT_TIMEOUT: Final = 10.0
 #: Advisory lock keys: schema creation and the start of a round, serialized across workers.
 _SCHEMA_LOCK: Final = 0x61737562_0001
 _ROUND_LOCK: Final = 0x61737562_0002
@@ -188,10 +191,20 @@ class PostgresSink(SinkLifetime):
     """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
     ``holder`` names this worker in the units table (default: host, pid and a random part).
+    ``timeout``: seconds an operation waits for a connection (the server down, restarting or
+    unreachable) before it fails with a ``DatabaseError``.
     """
 
-    def __init__(self, url: str, *, lease: float = DEFAULT_LEASE, holder: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease: float = DEFAULT_LEASE,
+        holder: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
         self.url = url
+        self.timeout = timeout
         self.where = shown_url(url)
         self.lease = lease
         self.leases = self
@@ -203,8 +216,8 @@ class PostgresSink(SinkLifetime):
             open=False,
             kwargs={"autocommit": True},
             configure=_configure,
-            timeout=10.0,
-            reconnect_timeout=10.0,
+            timeout=timeout,
+            reconnect_timeout=timeout,
             name="asyncsubs",
         )
         self._listen: psycopg.AsyncConnection[Any] | None = None
@@ -218,8 +231,11 @@ class PostgresSink(SinkLifetime):
     def _error(self, exc: BaseException) -> DatabaseError:
         text = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, PoolTimeout):
-            text = "no connection within 10s (is the server up and reachable?)"
-        return DatabaseError(f"database {self.where}: {text}")
+            text = f"no connection within {self.timeout:g}s (is the server up and reachable?)"
+        # The connection's failures (refused, lost, the server shutting down), not the SQL's.
+        unavailable = isinstance(exc, psycopg.OperationalError | PoolTimeout)
+        error = DatabaseUnavailable if unavailable else DatabaseError
+        return error(f"database {self.where}: {text}")
 
     @contextlib.asynccontextmanager
     async def transaction(
@@ -234,7 +250,7 @@ class PostgresSink(SinkLifetime):
 
     async def open(self) -> None:
         try:
-            await self._pool.open(wait=True, timeout=10.0)
+            await self._pool.open(wait=True, timeout=self.timeout)
         except (psycopg.Error, PoolTimeout) as exc:
             await self._pool.close()
             raise self._error(exc) from None
@@ -463,6 +479,11 @@ class PostgresSink(SinkLifetime):
             async for _ in self._listen.notifies(timeout=timeout, stop_after=1):
                 pass
         except psycopg.Error as exc:
+            # A connection cut (a server restart) stays broken: the next wait connects anew.
+            listen, self._listen = self._listen, None
+            if listen is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await listen.close()
             raise self._error(exc) from None
 
     # -- read without opening: sync-status and dead-letters -------------------------------------

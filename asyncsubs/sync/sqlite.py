@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from .._sqlite import connect_sqlite
+from .._sqlite import DEFAULT_BUSY_TIMEOUT, connect_sqlite
 from ..errors import ConfigError
 from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
@@ -43,6 +43,7 @@ from ._sink import (
     STATE_TABLE,
     STATE_UPDATE,
     DatabaseError,
+    DatabaseUnavailable,
     DeadLetters,
     PageWrite,
     SinkLifetime,
@@ -63,6 +64,7 @@ __all__ = [
 T = TypeVar("T")
 LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
+_BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 #: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
@@ -161,13 +163,16 @@ def hold_database(db: Path) -> Iterator[None]:
 
 
 class SQLiteSink(SinkLifetime):
-    """The ``Sink`` in an SQLite file: one connection, used only from one worker thread."""
+    """The ``Sink`` in an SQLite file: one connection, used only from one worker thread.
+    ``busy_timeout``: seconds a write waits for another process's lock on the file before it
+    fails (a ``DatabaseError``), on every connection of the sink."""
 
     #: One writer: a sync holds the database (``lock``) instead of sharing it.
     leases = None
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
         self.where = str(path)
         # One thread runs every call in order: a write queued behind another runs after it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
@@ -185,7 +190,10 @@ class SQLiteSink(SinkLifetime):
         try:
             return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
         except sqlite3.Error as exc:
-            raise DatabaseError(f"database {self.path}: {exc}") from exc
+            # Busy or locked (extended codes too): another connection's lock, not this write.
+            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY
+            error = DatabaseUnavailable if busy else DatabaseError
+            raise error(f"database {self.path}: {exc}") from exc
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -202,7 +210,7 @@ class SQLiteSink(SinkLifetime):
     def _open(self) -> None:
         # Transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so a page and its cursor are
         # committed together. Used from self._thread only.
-        conn = connect_sqlite(self.path)
+        conn = connect_sqlite(self.path, busy_timeout=self.busy_timeout)
         try:
             with self._transaction(conn):
                 for statement in _SCHEMA:
@@ -353,7 +361,10 @@ class SQLiteSink(SinkLifetime):
             # Connections of their own: acknowledging a delivery must not wait for a page's
             # transaction on the writer thread. Both tables exist from here on, so monitoring
             # queries work before the first event.
-            self._webhook_stores = (SQLiteInbox(self.path), SQLiteDeadLetters(self.path))
+            self._webhook_stores = (
+                SQLiteInbox(self.path, busy_timeout=self.busy_timeout),
+                SQLiteDeadLetters(self.path, busy_timeout=self.busy_timeout),
+            )
             for store in self._webhook_stores:
                 await store.open()
         return self._webhook_stores

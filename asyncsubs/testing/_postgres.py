@@ -78,12 +78,21 @@ class PostgresServer:
             *("initdb", "-D", str(self.data), "-U", "asyncsubs", "--auth=trust", "-E", "UTF8"),
             "--no-sync",
         )
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the cluster's server (again, after ``pause``), on the same port."""
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
             " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         log = str(self.root / "log")
         self._run("pg_ctl", "-D", str(self.data), "-l", log, "-o", options, "-w", "start")
+
+    def pause(self) -> None:
+        """Stop the server as an administrator's restart does (``pg_ctl stop -m fast``: every
+        connection is cut), keeping the cluster for ``resume``."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://asyncsubs@127.0.0.1:{self.port}/{database}"

@@ -11,6 +11,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import attrs
 
+from .._sqlite import DEFAULT_BUSY_TIMEOUT
 from ..errors import ConfigError
 from ._sqlite import SQLiteTable
 
@@ -155,9 +156,13 @@ class SQLiteDeadLetters(SQLiteTable):
     """
 
     def __init__(
-        self, path_or_conn: str | Path | sqlite3.Connection, *, table: str = DEAD_LETTER_TABLE
+        self,
+        path_or_conn: str | Path | sqlite3.Connection,
+        *,
+        table: str = DEAD_LETTER_TABLE,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
-        super().__init__(path_or_conn, table=table)
+        super().__init__(path_or_conn, table=table, busy_timeout=busy_timeout)
 
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute(

@@ -20,6 +20,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import attrs
 
+from .._sqlite import DEFAULT_BUSY_TIMEOUT
 from ._sqlite import SQLiteTable
 
 __all__ = ["INBOX_TABLE", "Inbox", "InboxEntry", "SQLiteInbox"]
@@ -71,9 +72,13 @@ class SQLiteInbox(SQLiteTable):
     """
 
     def __init__(
-        self, path_or_conn: str | Path | sqlite3.Connection, *, table: str = INBOX_TABLE
+        self,
+        path_or_conn: str | Path | sqlite3.Connection,
+        *,
+        table: str = INBOX_TABLE,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
-        super().__init__(path_or_conn, table=table)
+        super().__init__(path_or_conn, table=table, busy_timeout=busy_timeout)
 
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute(

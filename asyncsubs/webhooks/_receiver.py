@@ -200,6 +200,7 @@ class WebhookReceiver:
         # start must all fit.
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._adding = 0  # deliveries being written to the inbox
+        self._inbox_failures = 0  # inbox writes failed since the last that succeeded
         # Event id -> whether it was kept, for deliveries being written to the inbox: a copy
         # arriving meanwhile waits for it rather than being acknowledged before it is kept.
         self._keeping: dict[str, asyncio.Future[bool]] = {}
@@ -530,11 +531,18 @@ class WebhookReceiver:
             except Exception as exc:
                 self._seen.discard(event.id)
                 self._stats.unavailable += 1
-                log.error(
-                    "webhook event %s%s not written to the inbox (%s); answering 503",
+                # An ERROR for the first failure, DEBUG for the next until the inbox takes one
+                # again: a sender retrying through a database's outage must not flood the log.
+                self._inbox_failures += 1
+                log.log(
+                    logging.ERROR if self._inbox_failures == 1 else logging.DEBUG,
+                    "webhook event %s%s not written to the inbox (%s); answering 503%s",
                     event.id,
                     self._for,
                     _describe(exc),
+                    " until it can be written (further failures are logged at DEBUG)"
+                    if self._inbox_failures == 1
+                    else "",
                 )
                 return self._busy("busy")
             except BaseException:
@@ -542,6 +550,13 @@ class WebhookReceiver:
                 raise
             else:
                 kept.set_result(True)
+                if self._inbox_failures:
+                    log.warning(
+                        "webhooks%s: the inbox is written again, after %d deliveries answered 503",
+                        self._for,
+                        self._inbox_failures,
+                    )
+                    self._inbox_failures = 0
             finally:
                 self._adding -= 1
                 del self._keeping[event.id]

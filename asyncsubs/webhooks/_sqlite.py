@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, TypeVar
 
-from .._sqlite import connect_sqlite
+from .._sqlite import DEFAULT_BUSY_TIMEOUT, connect_sqlite
 from ..errors import ConfigError
 
 __all__ = ["SQLiteTable"]
@@ -23,14 +23,21 @@ class SQLiteTable:
     """Pass a path (its own connection in WAL mode; it may be the sync database itself) or an
     open ``sqlite3.Connection`` made with ``check_same_thread=False`` that nothing else uses
     concurrently. All SQLite work runs on one worker thread, never on the event loop; the
-    table is created by ``open()`` or on first use.
+    table is created by ``open()`` or on first use. ``busy_timeout``: seconds a write on a
+    path's own connection waits for another's lock before it fails.
 
     Writes are group-committed: those made while a transaction is being written go together
     into the next one, so concurrent deliveries share commits instead of queueing for one
     each; every write still returns only once its transaction is committed.
     """
 
-    def __init__(self, path_or_conn: str | Path | sqlite3.Connection, *, table: str) -> None:
+    def __init__(
+        self,
+        path_or_conn: str | Path | sqlite3.Connection,
+        *,
+        table: str,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
         if not table or not set(table) <= _NAME_CHARS or table[0].isdigit():
             raise ConfigError(f"table must be a plain SQL identifier, got {table!r}")
         self.table = table
@@ -38,6 +45,7 @@ class SQLiteTable:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-webhooks")
         self._own = not isinstance(path_or_conn, sqlite3.Connection)
         self._target = path_or_conn
+        self._busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
         self._batch: list[tuple[str, tuple[object, ...], asyncio.Future[int]]] = []
         self._flushing: asyncio.Task[None] | None = None
@@ -54,7 +62,7 @@ class SQLiteTable:
             if isinstance(self._target, sqlite3.Connection):
                 conn = self._target
             else:
-                conn = connect_sqlite(self._target)
+                conn = connect_sqlite(self._target, busy_timeout=self._busy_timeout)
             self._create(conn)
             if conn.in_transaction:
                 conn.commit()
