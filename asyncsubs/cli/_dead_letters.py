@@ -56,8 +56,11 @@ async def dead_letters(
         for letter in letters if requeue else ():
             if letter.store is None:
                 continue
-            # Attempts start over: requeueing by hand says the cause is fixed.
-            await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+            # Attempts add up over requeues, as at start: the bound on start-up requeues holds.
+            entry = InboxEntry(
+                letter.store, letter.event_id, letter.body, time.time(), letter.attempts
+            )
+            await inbox.add(entry)
             # Only this store's: other stores' letters may share the event id.
             await dead.remove_for_store(letter.store, letter.event_id)
             moved += 1
