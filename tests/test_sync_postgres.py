@@ -12,8 +12,11 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import os
+import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,11 +30,13 @@ import pytest
 from postgres_fixtures import pg_url_fixture, postgres_server_fixture
 from redis_fixtures import redis_server_fixture
 from test_sync import RESOURCES, STORES, env_name, write_config
+from virtual_clock import VirtualClock
 
 from asyncsubs.__main__ import main
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
 from asyncsubs.sync import (
+    DatabaseError,
     LeaseLostError,
     ListenSync,
     PageWrite,
@@ -46,7 +51,7 @@ from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 # Under CI the dev extra installs psycopg: an import error there fails the module.
 psycopg = __import__("psycopg") if os.environ.get("CI") else pytest.importorskip("psycopg")
 
-from asyncsubs.sync.postgres import PostgresInbox, PostgresSink  # noqa: E402
+from asyncsubs.sync.postgres import CONNECT_TIMEOUT, PostgresInbox, PostgresSink  # noqa: E402
 from asyncsubs.webhooks import InboxEntry  # noqa: E402
 
 __all__ = ["pg_url_fixture", "postgres_server_fixture", "redis_server_fixture"]
@@ -349,6 +354,31 @@ def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:
     assert code in (1, 2)
     assert "s3cret" not in err
     assert repr(sink_for(url)).count("s3cret") == 0
+
+
+async def test_unreachable_postgres_is_one_line_saying_how_long_it_waited(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No server at the address: the sink retries for ``CONNECT_TIMEOUT`` (a server starting
+    up refuses connections for a while), then fails with one line naming why and how long it
+    waited, and nothing is logged on the way (the pool logged each failed attempt)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    sink = PostgresSink(f"postgresql://user:s3cret@127.0.0.1:{port}/db")
+    started = clock.now
+    with caplog.at_level(logging.DEBUG), pytest.raises(DatabaseError) as info:
+        await sink.open()
+    text = str(info.value)
+    assert "\n" not in text
+    assert "s3cret" not in text
+    assert text.startswith(f"database postgresql://user@127.0.0.1:{port}/db: "), text
+    assert "Connection refused" in text
+    waited = re.search(r"\(waited (\d+\.\d)s, \d+ attempts\)$", text)
+    assert waited is not None, text
+    assert CONNECT_TIMEOUT - 2.5 <= float(waited[1]) <= CONNECT_TIMEOUT
+    assert clock.now - started <= CONNECT_TIMEOUT
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
 
 
 # ---------------------------------------------------------------------------------------------

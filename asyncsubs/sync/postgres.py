@@ -27,6 +27,7 @@ cannot write a page over its successor's, so each unit is written by one worker 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -83,6 +84,8 @@ CHANNEL: Final = "asyncsubs_units"
 #: Connections per worker: page commits are short (one pipelined round trip per page), so a
 #: few serve hundreds of units; the LISTEN connection is extra.
 POOL_SIZE: Final = 4
+#: Seconds to wait for a connection: at start (a server still starting up), and from the pool.
+CONNECT_TIMEOUT: Final = 10.0
 #: Advisory lock keys: schema creation and the start of a round, serialized across workers.
 _SCHEMA_LOCK: Final = 0x61737562_0001
 _ROUND_LOCK: Final = 0x61737562_0002
@@ -201,8 +204,8 @@ class PostgresSink(SinkLifetime):
             open=False,
             kwargs={"autocommit": True},
             configure=_configure,
-            timeout=10.0,
-            reconnect_timeout=10.0,
+            timeout=CONNECT_TIMEOUT,
+            reconnect_timeout=CONNECT_TIMEOUT,
             name="asyncsubs",
         )
         self._listen: psycopg.AsyncConnection[Any] | None = None
@@ -216,7 +219,7 @@ class PostgresSink(SinkLifetime):
     def _error(self, exc: BaseException) -> DatabaseError:
         text = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, PoolTimeout):
-            text = "no connection within 10s (is the server up and reachable?)"
+            text = f"no connection within {CONNECT_TIMEOUT:g}s (is the server up and reachable?)"
         return DatabaseError(f"database {self.where}: {text}")
 
     @contextlib.asynccontextmanager
@@ -230,9 +233,36 @@ class PostgresSink(SinkLifetime):
         except (psycopg.Error, PoolTimeout) as exc:
             raise self._error(exc) from None
 
+    async def _reach(self) -> None:
+        """Wait up to ``CONNECT_TIMEOUT`` for the server to take one connection (one starting up
+        refuses them for a while); DatabaseError naming the last failure and the wait. The
+        pool would log every failed attempt, then time out without saying why."""
+        loop = asyncio.get_running_loop()
+        start, delay, attempts = loop.time(), 0.25, 0
+        while True:
+            attempts += 1
+            left = CONNECT_TIMEOUT - (loop.time() - start)
+            try:
+                async with asyncio.timeout(left):
+                    conn = await psycopg.AsyncConnection.connect(self.url)
+            except (psycopg.Error, TimeoutError) as exc:
+                waited = loop.time() - start
+                if waited + delay >= CONNECT_TIMEOUT:
+                    why = self._error(exc) if isinstance(exc, psycopg.Error) else None
+                    text = str(why) if why else f"database {self.where}: no answer"
+                    raise DatabaseError(
+                        f"{text} (waited {waited:.1f}s, {attempts} attempts)"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+            else:
+                await conn.close()
+                return
+
     async def open(self) -> None:
+        await self._reach()
         try:
-            await self._pool.open(wait=True, timeout=10.0)
+            await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except (psycopg.Error, PoolTimeout) as exc:
             await self._pool.close()
             raise self._error(exc) from None
