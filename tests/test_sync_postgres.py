@@ -35,6 +35,7 @@ from virtual_clock import VirtualClock
 from asyncsubs.__main__ import main
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
+from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.sync import (
     DatabaseError,
     LeaseLostError,
@@ -521,6 +522,95 @@ def test_database_that_goes_away_mid_run_is_a_clear_error_and_nothing_half_writt
     )
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert_exact(pg_url, slow_server)
+
+
+def test_a_worker_joining_a_round_another_took_whole_gets_its_share(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    """Two workers on 6 units, the second starting once the first holds all 6: the first hands
+    it units at their next page commits, each resumed from its committed cursor, so both pull
+    and no page is pulled twice."""
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    stores = ["store-1", "store-2"]
+    configs = load_config(slow_config(tmp_path, slow_server), env, only_stores=stores)
+    holds_all = asyncio.Event()
+
+    class First(PostgresSink):
+        claimed = 0
+
+        async def claim(
+            self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
+        ) -> tuple[str, str] | None:
+            unit = await super().claim(units, prefer=prefer)
+            self.claimed += unit is not None
+            if self.claimed == 6:  # every unit of the two stores
+                holds_all.set()
+            return unit
+
+    async def worker(sink: PostgresSink) -> Progress:
+        progress = Progress()
+        async with sink, SyncEngine(configs, sink, progress) as engine:
+            await run_round(engine)
+        return progress
+
+    async def both() -> tuple[Progress, Progress]:
+        first = asyncio.create_task(worker(First(pg_url, holder="first")))
+        await holds_all.wait()
+        second = await worker(PostgresSink(pg_url, holder="second"))
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert_exact(pg_url, slow_server, stores)
+    pulled = {name: [key for key, row in p.rows.items() if row.records] for name, p in
+              (("first", first), ("second", second))}  # fmt: skip
+    assert len(pulled["second"]) >= 2, pulled
+    assert len(pulled["first"]) >= 3, pulled
+    # Every page once: the records both pulled add up to the stores' records.
+    total = sum(len(slow_server.records(s, r)) for s in stores for r in RESOURCES)
+    assert first.records + second.records == total
+    assert second.idle is None
+
+
+def test_an_idle_worker_says_why_it_pulled_nothing(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    """One unit, held by the first worker: nothing to hand over (it holds one), so the second
+    pulls nothing, and its summary says why."""
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    configs = load_config(
+        slow_config(tmp_path, slow_server), env, only_stores=["store-1"], resources=["orders"]
+    )
+    claimed = asyncio.Event()
+
+    class First(PostgresSink):
+        async def claim(
+            self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
+        ) -> tuple[str, str] | None:
+            unit = await super().claim(units, prefer=prefer)
+            if unit is not None:
+                claimed.set()
+            return unit
+
+    async def worker(sink: PostgresSink) -> Progress:
+        progress = Progress()
+        async with sink, SyncEngine(configs, sink, progress) as engine:
+            await run_round(engine)
+        return progress
+
+    async def both() -> tuple[Progress, Progress]:
+        first = asyncio.create_task(worker(First(pg_url, holder="first")))
+        await claimed.wait()
+        second = await worker(PostgresSink(pg_url, holder="second"))
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert list(first.rows) == [("store-1", "orders")]
+    assert (second.rows, second.records) == ({}, 0)
+    stream = io.StringIO()
+    sync_summary(second, 1.0, "db", stream=stream)
+    text = " ".join(stream.getvalue().split())
+    assert "0 records from 0 stores" in text
+    assert "this worker pulled nothing: other workers held all 1 units of the round" in text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from ._events import (
     UnitStopped,
     WebhookCounts,
     WebhookRefused,
+    WorkerIdle,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import sink_for
@@ -113,6 +114,7 @@ __all__ = [
     "WebhookApplyError",
     "WebhookCounts",
     "WebhookRefused",
+    "WorkerIdle",
     "check_base_url",
     "check_redis_url",
     "clamped_page_note",

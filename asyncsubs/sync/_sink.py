@@ -38,6 +38,7 @@ __all__ = [
     "STATE_UPDATE",
     "Sink",
     "SinkLifetime",
+    "UnitHandedOver",
     "UnitState",
     "UnitStatus",
     "json_text",
@@ -92,7 +93,26 @@ class DatabaseError(AsyncSubsError):
 
 
 class LeaseLostError(Exception):
-    """Another worker took this unit over (this one's lease had expired): stop pulling it."""
+    """This worker no longer holds the unit: stop pulling it. ``why``: its lease expired and
+    another worker took it over, or it was handed to a worker that had none."""
+
+    def __init__(
+        self, unit: str, why: str = "lease lost to another worker (this one was too slow)"
+    ) -> None:
+        super().__init__(unit, why)
+        self.unit = unit
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.unit}: {self.why}"
+
+
+class UnitHandedOver(LeaseLostError):
+    """The page was committed, and then the unit handed to a worker that had none (it resumes
+    from that page's cursor): stop pulling it."""
+
+    def __init__(self, unit: str, why: str = "handed to a worker that had none") -> None:
+        super().__init__(unit, why)
 
 
 def schema(*, json: str, time: str, flag: str, count: str, big: str) -> list[str]:

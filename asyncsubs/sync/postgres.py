@@ -52,6 +52,7 @@ from ._sink import (
     LeaseLostError,
     PageWrite,
     SinkLifetime,
+    UnitHandedOver,
     UnitState,
     UnitStatus,
     record_columns,
@@ -77,6 +78,7 @@ __all__ = [
 ]
 
 UNITS_TABLE: Final = "asyncsubs_sync_units"
+WORKERS_TABLE: Final = "asyncsubs_sync_workers"
 INBOX_TABLE: Final = "webhook_inbox"
 DEAD_LETTER_TABLE: Final = "webhook_dead_letters"
 #: The channel released and finished units are announced on.
@@ -102,6 +104,13 @@ _SCHEMA: Final = (
         claimed_at timestamptz,
         error text,                     -- why it failed
         PRIMARY KEY (store, resource)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
+        holder text PRIMARY KEY,
+        stores text[] NOT NULL,         -- the units it runs: (stores[i], resources[i])
+        resources text[] NOT NULL,
+        wants boolean NOT NULL,         -- found no unit to claim, and finished none this round
+        seen_at timestamptz NOT NULL    -- alive while seen within its lease
     )""",
     f"""CREATE TABLE IF NOT EXISTS {INBOX_TABLE} (
         store text NOT NULL,
@@ -158,12 +167,34 @@ def _jsonb(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
 
-def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, tuple[list[str], list[str]]]:
-    """A condition selecting ``units`` (two arrays, as one parameter each)."""
+def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, dict[str, list[str]]]:
+    """A condition selecting ``units`` (two arrays, as the parameters ``stores``, ``resources``)."""
     return (
-        "(store, resource) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-        ([s for s, _ in units], [r for _, r in units]),
+        "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))",
+        {"stores": [s for s, _ in units], "resources": [r for _, r in units]},
     )
+
+
+def _held(holder: str) -> str:
+    """How many pending units ``holder`` (an SQL expression) holds."""
+    return (
+        f"(SELECT count(*) FROM {UNITS_TABLE} h WHERE h.holder = {holder} AND h.state = 'pending')"
+    )
+
+
+def _owed(below: str) -> str:
+    """Whether a worker is owed the unit ``(u.store, u.resource)`` by this one: alive, wanting
+    a unit (it found none to claim and finished none this round), running that unit and no
+    other free one, and holding fewer than ``below`` (an SQL expression)."""
+    return f"""EXISTS (SELECT 1 FROM {WORKERS_TABLE} w
+        WHERE w.wants AND w.holder <> %(holder)s
+            AND w.seen_at > now() - make_interval(secs => %(lease)s)
+            AND (u.store, u.resource) IN (SELECT * FROM unnest(w.stores, w.resources))
+            AND {_held("w.holder")} < {below}
+            AND NOT EXISTS (SELECT 1 FROM {UNITS_TABLE} f
+                WHERE (f.store, f.resource) IN (SELECT * FROM unnest(w.stores, w.resources))
+                    AND f.state = 'pending' AND (f.holder IS NULL OR f.lease_until < now())
+                    AND (f.store, f.resource) <> (u.store, u.resource)))"""
 
 
 def shown_url(url: str) -> str:
@@ -209,6 +240,8 @@ class PostgresSink(SinkLifetime):
             name="asyncsubs",
         )
         self._listen: psycopg.AsyncConnection[Any] | None = None
+        #: Units this worker finished (done or failed) in the current round.
+        self._finished = 0
 
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
@@ -299,6 +332,7 @@ class PostgresSink(SinkLifetime):
 
     async def commit_page(self, w: PageWrite) -> None:
         rows, page_max = w.rows(_params)
+        handed = False
         async with self.transaction() as conn:
             # The lease is checked (and renewed) first: its row lock keeps a takeover out
             # until this page and its cursor are committed.
@@ -337,6 +371,11 @@ class PostgresSink(SinkLifetime):
                     (w.store, w.resource),
                 )
                 await conn.execute(f"NOTIFY {CHANNEL}")
+                self._finished += 1
+            elif await self._hand_over(conn, (w.store, w.resource)):
+                handed = True
+        if handed:
+            raise UnitHandedOver(f"{w.store}/{w.resource}")
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
         async with self.transaction() as conn:
@@ -378,29 +417,40 @@ class PostgresSink(SinkLifetime):
             )
 
     # -- units and leases -------------------------------------------------------------------
+    #
+    # A worker claims free units while it has room; one that finds none (all held) is a worker
+    # that *wants* one (the workers table). A worker holding two units more than a wanting one
+    # hands it a unit at that unit's next page commit (its cursor committed: nothing is pulled
+    # twice), and does not claim a unit such a worker is owed. So a worker joining a round that
+    # another has taken whole gets its share; a worker that has finished a unit of the round
+    # wants no more (units are not moved back and forth as a round runs out).
+
+    def _params(self, units: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        return {"holder": self.holder, "lease": self.lease, **_in_units(units)[1]}
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
         """Join the current round of ``units``, or start a new one when every unit of the
         last is finished (done or failed); True when this call started it (or added units
         never seen before)."""
-        where, arrays = _in_units(units)
+        self._finished = 0
+        where, params = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
-                " SELECT s, r, 'pending' FROM unnest(%s::text[], %s::text[]) AS u(s, r)"
-                " ON CONFLICT DO NOTHING",
-                arrays,
+                " SELECT s, r, 'pending' FROM unnest(%(stores)s::text[], %(resources)s::text[])"
+                " AS u(s, r) ON CONFLICT DO NOTHING",
+                params,
             )
             added = cur.rowcount > 0
             cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", arrays
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", params
             )
             row = await cur.fetchone()
             if row and row[0]:
                 return added
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", arrays
+                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", params
             )
             return True
 
@@ -408,44 +458,70 @@ class PostgresSink(SinkLifetime):
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
         """Take the lease of one pending unit nobody holds (or whose lease expired), preferring
-        stores in ``prefer`` (this worker's clients already pace them); None when there is none.
-        """
-        where, arrays = _in_units(units)
+        stores in ``prefer`` (this worker's clients already pace them), and leaving a worker
+        that has none the units it is owed; None when there is none."""
+        where, _ = _in_units(units)
+        params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
-                f"""UPDATE {UNITS_TABLE} u SET holder = %s, claimed_at = now(),
-                        lease_until = now() + make_interval(secs => %s)
-                    FROM (SELECT store, resource FROM {UNITS_TABLE}
+                f"""UPDATE {UNITS_TABLE} t SET holder = %(holder)s, claimed_at = now(),
+                        lease_until = now() + make_interval(secs => %(lease)s)
+                    FROM (SELECT store, resource FROM {UNITS_TABLE} u
                           WHERE {where} AND state = 'pending'
                             AND (holder IS NULL OR lease_until < now())
-                          ORDER BY store = ANY(%s) DESC, store, resource
+                            AND NOT {_owed(_held("%(holder)s"))}
+                          ORDER BY store = ANY(%(prefer)s) DESC, store, resource
                           LIMIT 1 FOR UPDATE SKIP LOCKED) AS free
-                    WHERE u.store = free.store AND u.resource = free.resource
-                    RETURNING u.store, u.resource""",
-                (self.holder, self.lease, *arrays, list(prefer)),
+                    WHERE t.store = free.store AND t.resource = free.resource
+                    RETURNING t.store, t.resource""",
+                params,
             )
             row = await cur.fetchone()
+            await conn.execute(
+                f"""INSERT INTO {WORKERS_TABLE} (holder, stores, resources, wants, seen_at)
+                    VALUES (%(holder)s, %(stores)s, %(resources)s, %(wants)s, now())
+                    ON CONFLICT (holder) DO UPDATE SET stores = excluded.stores,
+                        resources = excluded.resources, wants = excluded.wants, seen_at = now()""",
+                {**params, "wants": row is None and not self._finished},
+            )
             return None if row is None else (row[0], row[1])
+
+    async def _hand_over(self, conn: psycopg.AsyncConnection[Any], unit: tuple[str, str]) -> bool:
+        """Release ``unit`` (a page of it just committed) when a worker is owed it."""
+        cur = await conn.execute(
+            f"""UPDATE {UNITS_TABLE} u SET holder = NULL, lease_until = NULL
+                WHERE store = %(store)s AND resource = %(resource)s
+                    AND {_owed(f"{_held('%(holder)s')} - 1")}""",
+            {**self._params(), "store": unit[0], "resource": unit[1]},
+        )
+        if cur.rowcount:
+            await conn.execute(f"NOTIFY {CHANNEL}")
+        return cur.rowcount > 0
 
     async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """The heartbeat: extend every lease this worker holds; those of ``units`` (believed
         held) that another worker has taken over or that this one no longer holds."""
-        where, arrays = _in_units(units)
+        where, _ = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %s)"
-                " WHERE holder = %s AND state = 'pending'",
-                (self.lease, self.holder),
+                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %(lease)s)"
+                " WHERE holder = %(holder)s AND state = 'pending'",
+                self._params(),
+            )
+            await conn.execute(
+                f"UPDATE {WORKERS_TABLE} SET seen_at = now() WHERE holder = %(holder)s",
+                self._params(),
             )
             cur = await conn.execute(
                 f"SELECT store, resource FROM {UNITS_TABLE} WHERE {where}"
-                " AND state = 'pending' AND holder IS DISTINCT FROM %s",
-                (*arrays, self.holder),
+                " AND state = 'pending' AND holder IS DISTINCT FROM %(holder)s",
+                self._params(units),
             )
             return [(row[0], row[1]) for row in await cur.fetchall()]
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
         """Give up the lease of ``unit`` (failed with ``error``: it is not retried this round)."""
+        self._finished += error is not None
         async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
@@ -463,19 +539,20 @@ class PostgresSink(SinkLifetime):
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
                 (self.holder,),
             )
+            await conn.execute(f"DELETE FROM {WORKERS_TABLE} WHERE holder = %s", (self.holder,))
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
         """None when no unit of ``units`` is pending any more; otherwise the seconds until a
         lease held by another worker may expire (the lease length if only this one holds
         pending units)."""
-        where, arrays = _in_units(units)
+        where, _ = _in_units(units)
         async with self.transaction() as conn:
             cur = await conn.execute(
                 f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
-                        (WHERE holder IS DISTINCT FROM %s) - now())
+                        (WHERE holder IS DISTINCT FROM %(holder)s) - now())
                     FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
-                (self.holder, *arrays),
+                self._params(units),
             )
             row = await cur.fetchone()
         if row is None or not row[0]:
