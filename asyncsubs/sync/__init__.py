@@ -67,6 +67,7 @@ from ._schedulers import run_round
 from ._sink import (
     DEFAULT_LEASE,
     RESOURCES,
+    DatabaseConfigError,
     DatabaseError,
     DeadLetters,
     LeaseLostError,
@@ -83,6 +84,7 @@ __all__ = [
     "DEFAULT_MAX_STORES",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_RECONCILE_EVERY",
+    "DatabaseConfigError",
     "DatabaseError",
     "DeadLetters",
     "Event",

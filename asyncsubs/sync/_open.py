@@ -10,21 +10,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
-from ._sink import DEFAULT_LEASE, Sink
+from ._sink import DEFAULT_LEASE, DatabaseConfigError, Sink
 from .sqlite import SQLiteSink
 
 __all__ = ["sink_for"]
 
 
 def sink_for(url: str, *, lease: float = DEFAULT_LEASE) -> Sink:
-    """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
-    names no database. ``lease``: PostgreSQL's, see ``Leases``."""
+    """The sink of ``url``, not connected yet; DatabaseConfigError (a ConfigError) for a URL
+    that names no database. ``lease``: PostgreSQL's, see ``Leases``."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             from .postgres import PostgresSink
         except ImportError as exc:
-            raise ConfigError(str(exc)) from None
+            raise DatabaseConfigError(str(exc)) from None
         return PostgresSink(url, lease=lease)
     return SQLiteSink(_sqlite_path(url))
 
@@ -36,19 +35,19 @@ def _sqlite_path(url: str) -> Path:
         path = url[len("sqlite:///") :]
     elif url.startswith("sqlite://"):
         rest = url[len("sqlite://") :]
-        raise ConfigError(
-            f"--db: a SQLite URL has three slashes before a relative path "
+        raise DatabaseConfigError(
+            f"a SQLite URL has three slashes before a relative path "
             f"(sqlite:///{rest}) and four before an absolute one (sqlite:////abs/{rest})"
         )
     else:
         scheme = url.split("://", 1)[0]
-        raise ConfigError(
-            f"--db: SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
+        raise DatabaseConfigError(
+            f"SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
             f"got a {scheme}:// URL"
         )
     if not path or path == ":memory:":
         # An in-memory database would vanish with the process, defeating resume.
-        raise ConfigError(f"--db must name a file, got {url!r}")
+        raise DatabaseConfigError(f"name a file, got {url!r}")
     if Path(path).is_dir():
-        raise ConfigError(f"--db: {path} is a directory; name a database file in it")
+        raise DatabaseConfigError(f"{path} is a directory; name a database file in it")
     return Path(path)

@@ -17,13 +17,14 @@ from typing import Any, Final, Protocol, Self, TypeVar
 
 import attrs
 
-from ..errors import AsyncSubsError, ProtocolError
+from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
 from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
     "DEFAULT_LEASE",
     "DELETED_TABLE",
+    "DatabaseConfigError",
     "LEARNED_TABLE",
     "LEARNED_UPDATE",
     "DatabaseError",
@@ -90,6 +91,18 @@ _COLUMNS: Final = (
 class DatabaseError(AsyncSubsError):
     """The sync database failed (SQLite: cannot open, disk full, not a database, locked;
     PostgreSQL: unreachable, connection lost, refused)."""
+
+
+class DatabaseConfigError(ConfigError):
+    """The database a sink was given (``sink_for``'s ``url``) cannot be used: ``problem`` says
+    why (the command line names the database by its flag)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"database: {self.problem}"
 
 
 class LeaseLostError(Exception):

@@ -65,9 +65,7 @@ try:
     from psycopg.types.json import Jsonb
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "--db postgresql:// needs psycopg: pip install 'asyncsubs[postgres]'"
-    ) from exc
+    raise ImportError("PostgreSQL needs psycopg: pip install 'asyncsubs[postgres]'") from exc
 
 __all__ = [
     "PostgresDeadLetters",

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._sqlite import connect_sqlite
-from ..errors import ConfigError
 from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
@@ -42,6 +41,7 @@ from ._sink import (
     STATE_COLUMNS,
     STATE_TABLE,
     STATE_UPDATE,
+    DatabaseConfigError,
     DatabaseError,
     DeadLetters,
     PageWrite,
@@ -121,7 +121,7 @@ def _holder(fd: int) -> str:
 
 @contextlib.contextmanager
 def hold_database(db: Path) -> Iterator[None]:
-    """Hold ``db`` for this process for the block; ConfigError (exit 2) naming the holder when
+    """Hold ``db`` for this process for the block; DatabaseConfigError naming the holder when
     another process has it.
 
     Two syncs on one database would resume each other's cursors and share its stores' rate
@@ -137,19 +137,19 @@ def hold_database(db: Path) -> Iterator[None]:
     import fcntl
 
     if not db.parent.is_dir():
-        raise ConfigError(f"--db: directory {db.parent} does not exist")
+        raise DatabaseConfigError(f"directory {db.parent} does not exist")
     real = db.resolve()  # one lock however the database is named through symlinks
     path = real.with_name(real.name + LOCK_SUFFIX)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise ConfigError(f"--db: cannot create {path}: {exc.strerror}") from None
+        raise DatabaseConfigError(f"cannot create {path}: {exc.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(
-                f"--db: {db} is in use by another asyncsubs command ({_holder(fd)}); run one "
+            raise DatabaseConfigError(
+                f"{db} is in use by another asyncsubs command ({_holder(fd)}); run one "
                 "sync per database at a time"
             ) from None
         os.ftruncate(fd, 0)
@@ -316,7 +316,7 @@ class SQLiteSink(SinkLifetime):
         """Rows of ``sql`` from the database opened read-only (no table is created; a missing
         database is a ConfigError)."""
         if not self.path.is_file():
-            raise ConfigError(f"--db: {self.path} does not exist")
+            raise DatabaseConfigError(f"{self.path} does not exist")
         try:
             uri = f"{self.path.resolve().as_uri()}?mode=ro"
             with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
