@@ -95,6 +95,14 @@ def cmd_dead_letters(
         footer.append(
             f"{moved} moved to webhook_inbox: sync --listen applies them when it next starts"
         )
+    missing = sorted(set(args.store or ()) - {letter.store for letter in letters})
+    if missing:
+        everyone, _ = asyncio.run(dead_letters(sink_for(args.db))) or ([], 0)
+        having = sorted({letter.store for letter in everyone if letter.store})
+        footer.append(
+            f"--store {', '.join(missing)}: no dead letters of that store id (stores with dead "
+            f"letters: {', '.join(having) or 'none'})"
+        )
     print_table(
         "webhook dead letters",
         ["store", "event", "topic", "attempts", "failed at (UTC)", "error"],

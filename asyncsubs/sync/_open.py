@@ -50,4 +50,7 @@ def _sqlite_path(url: str) -> Path:
         raise DatabaseConfigError(f"name a file, got {url!r}")
     if Path(path).is_dir():
         raise DatabaseConfigError(f"{path} is a directory; name a database file in it")
+    if Path(path).exists() and not Path(path).is_file():
+        # A device or a pipe: SQLite would write a journal, and the sync its lock, beside it.
+        raise DatabaseConfigError(f"{path} is not a regular file; name a database file")
     return Path(path)

@@ -381,8 +381,9 @@ class Sink(Protocol):
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
         """Keep what the store's pools learned (``AdminClient.export_learned()``)."""
 
-    async def status(self) -> list[UnitStatus]:
-        """Every unit the database knows (``sync-status``); needs no ``open``, creates nothing."""
+    async def status(self) -> list[UnitStatus] | None:
+        """Every unit the database knows (``sync-status``); None when no sync ever wrote to it.
+        Needs no ``open``, creates nothing."""
         ...
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:

@@ -582,9 +582,9 @@ class PostgresSink(SinkLifetime):
     async def _has_table(self, name: str) -> bool:
         return bool((await self._read(f"SELECT to_regclass('{name}')"))[0][0])
 
-    async def status(self) -> list[UnitStatus]:
+    async def status(self) -> list[UnitStatus] | None:
         if not await self._has_table(UNITS_TABLE):
-            return []
+            return None
         rows = await self._read(
             f"""SELECT u.store, u.resource, u.state, u.holder,
                     extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,

@@ -126,38 +126,54 @@ def hold_database(db: Path) -> Iterator[None]:
 
     Two syncs on one database would resume each other's cursors and share its stores' rate
     limits without knowing it. The lock is the kernel's: it goes with the process however that
-    ends (SIGKILL included), so a stale file never blocks the next run; the file only says who
-    holds it (pid, host, since when). It lies beside the database's real path, symlinks
-    resolved as SQLite resolves them; a hard link is a second name SQLite cannot tell either
-    (its "How To Corrupt An SQLite Database File", 2.4).
+    ends (SIGKILL included), so a file left behind never blocks the next run; the file only
+    says who holds it (pid, host, since when), and is removed on leaving the block. It lies
+    beside the database's real path, symlinks resolved as SQLite resolves them; a hard link is
+    a second name SQLite cannot tell either (its "How To Corrupt An SQLite Database File", 2.4).
     """
     if sys.platform == "win32":  # no flock; one sync per database is then the user's rule
         yield
         return
-    import fcntl
-
     if not db.parent.is_dir():
         raise DatabaseConfigError(f"directory {db.parent} does not exist")
     real = db.resolve()  # one lock however the database is named through symlinks
     path = real.with_name(real.name + LOCK_SUFFIX)
+    fd = _lock(path, db)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise DatabaseConfigError(f"cannot create {path}: {exc.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DatabaseConfigError(
-                f"{db} is in use by another asyncsubs command ({_holder(fd)}); run one "
-                "sync per database at a time"
-            ) from None
-        os.ftruncate(fd, 0)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        os.ftruncate(fd, 0)
         os.pwrite(fd, dumps(holder), 0)
         yield
     finally:
+        # Removed while still locked: a process that opened it meanwhile finds, once it has
+        # the lock, that the name no longer leads to its file, and locks the new one.
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)  # releases the lock
+
+
+def _lock(path: Path, db: Path) -> int:
+    """A descriptor of ``path`` holding its lock; DatabaseConfigError when another has it."""
+    import fcntl
+
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DatabaseConfigError(f"cannot create {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise DatabaseConfigError(
+                f"{db} is in use by another asyncsubs command ({holder}); run one sync per "
+                "database at a time"
+            ) from None
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        os.close(fd)  # the file its holder removed on leaving: lock the one there now
 
 
 class SQLiteSink(SinkLifetime):
@@ -324,9 +340,9 @@ class SQLiteSink(SinkLifetime):
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from None
 
-    async def status(self) -> list[UnitStatus]:
+    async def status(self) -> list[UnitStatus] | None:
         if not await self._has_table(STATE_TABLE):
-            return []
+            return None
         rows = await asyncio.to_thread(
             self._read,
             f"SELECT store, resource, done, run_records, run_pages, updated_at FROM {STATE_TABLE}"
