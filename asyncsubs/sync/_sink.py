@@ -29,6 +29,7 @@ __all__ = [
     "LEARNED_UPDATE",
     "DatabaseError",
     "DeadLetters",
+    "Dialect",
     "LeaseLostError",
     "Leases",
     "PageWrite",
@@ -37,6 +38,7 @@ __all__ = [
     "STATE_COLUMNS",
     "STATE_TABLE",
     "STATE_UPDATE",
+    "Statements",
     "Sink",
     "SinkLifetime",
     "UnitHandedOver",
@@ -44,7 +46,6 @@ __all__ = [
     "UnitStatus",
     "json_text",
     "newer",
-    "record_columns",
     "schema",
     "text_value",
 ]
@@ -86,6 +87,7 @@ _COLUMNS: Final = (
     ("created_at", ("createdAt", "created_at")),
     ("updated_at", ("updatedAt", "updated_at")),
 )
+_TYPED: Final = tuple(column for column, _ in _COLUMNS)
 
 
 class DatabaseError(AsyncSubsError):
@@ -205,10 +207,108 @@ def newer(a: Any, b: Any) -> Any:
     return b
 
 
-def record_columns(store: str, record: Mapping[str, Any]) -> tuple[str | None, ...]:
-    """``store``, ``id`` and the typed columns of one record (which has an ``id``)."""
-    typed = (next((record[n] for n in names if n in record), None) for _, names in _COLUMNS)
-    return (store, text_value(record["id"]), *map(text_value, typed))
+@attrs.frozen
+class Dialect:
+    """How one database spells what both sinks run."""
+
+    #: A named parameter, ``{}`` for its name: ``:{}`` (SQLite), ``%({})s`` (psycopg).
+    param: str
+    #: A text stamp as an instant to compare (NULL when it does not parse), ``{}`` for it.
+    instant: str
+    #: The time now (SQLite: a parameter ``now``, bound with every statement).
+    now: str
+    #: A value as a JSON column takes it (None is NULL), and back (None: as it comes).
+    dump: Callable[[Any], Any]
+    load: Callable[[Any], Any] | None
+
+
+class Statements:
+    """The statements both sinks run, in one ``Dialect``, their parameters by name."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = d = dialect
+        p = d.param.format
+        unit = f"store = {p('store')} AND resource = {p('resource')}"
+        self.load_state = f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE {unit}"
+        state = ", ".join(p(column) for column in STATE_COLUMNS.split(", "))
+        self.save_state = f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
+                run_started_at, run_finished_at, updated_at)
+            VALUES ({p("store")}, {p("resource")}, {state}, {d.now},
+                CASE WHEN {p("done")} THEN {d.now} END, {d.now})
+            ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
+                run_started_at = CASE WHEN {p("new_run")} THEN excluded.run_started_at
+                                 ELSE {STATE_TABLE}.run_started_at END"""
+        self.remember_deleted = (
+            f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
+            f" VALUES ({p('store')}, {p('resource')}, {p('id')}, {d.now}) ON CONFLICT DO NOTHING"
+        )
+        self.load_learned = f"SELECT learned FROM {LEARNED_TABLE} WHERE store = {p('store')}"
+        self.save_learned = (
+            f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at)"
+            f" VALUES ({p('store')}, {p('learned')}, {d.now})"
+            f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}"
+        )
+        self._upserts: dict[str, str] = {}
+
+    def count(self, resource: str) -> str:
+        return f"SELECT count(*) FROM {resource} WHERE store = {self.dialect.param.format('store')}"
+
+    def delete(self, resource: str) -> str:
+        p = self.dialect.param.format
+        return f"DELETE FROM {resource} WHERE store = {p('store')} AND id = {p('id')}"
+
+    def upsert(self, resource: str) -> str:
+        if resource not in self._upserts:
+            self._upserts[resource] = self._upsert(resource)
+        return self._upserts[resource]
+
+    def _upsert(self, resource: str) -> str:
+        # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
+        # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare
+        # as instants when they parse (``Z`` and offsets mix), as text otherwise. Equal stamps
+        # replace: the next (inclusive) incremental pull settles same-second changes. A
+        # deleted id never comes back.
+        d, p = self.dialect, self.dialect.param.format
+        values = ", ".join(p(column) for column in ("store", "id", *_TYPED, "raw"))
+        new, old = d.instant.format("excluded.updated_at"), d.instant.format("t.updated_at")
+        return f"""INSERT INTO {resource} AS t
+                (store, id, {", ".join(_TYPED)}, raw, synced_at)
+            SELECT {values}, {d.now}
+            WHERE NOT EXISTS (SELECT 1 FROM {DELETED_TABLE}
+                WHERE store = {p("store")} AND resource = '{resource}' AND id = {p("id")})
+            ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
+            WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
+                OR coalesce({new} >= {old}, excluded.updated_at >= t.updated_at)"""
+
+    def record(self, store: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        """The upsert's parameters for one record (which has an ``id``)."""
+        typed = {
+            column: text_value(next((record[n] for n in names if n in record), None))
+            for column, names in _COLUMNS
+        }
+        raw = self.dialect.dump(record)
+        return {"store": store, "id": text_value(record["id"]), **typed, "raw": raw}
+
+    def state(self, write: PageWrite, new: UnitState) -> dict[str, Any]:
+        """``save_state``'s parameters: the unit's state ``new`` after ``write``."""
+        dump = self.dialect.dump
+        return {
+            "store": write.store,
+            "resource": write.resource,
+            "cursor": new.cursor,
+            "done": new.done,
+            "run_params": dump(dict(new.run_params)),
+            "run_from": dump(new.run_from),
+            "next_from": dump(new.next_from),
+            "seen_max": dump(new.seen_max),
+            "run_pages": new.run_pages,
+            "run_records": new.run_records,
+            "new_run": write.new_run,
+        }
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @attrs.frozen
@@ -235,11 +335,15 @@ class UnitState:
         return self.exists and not self.done
 
     @classmethod
-    def from_row(cls, row: Sequence[Any] | None, decode: Callable[[Any], Any]) -> UnitState:
+    def from_row(
+        cls, row: Sequence[Any] | None, decode: Callable[[Any], Any] | None = None
+    ) -> UnitState:
         """The state in a row of ``STATE_COLUMNS`` (None: never run); ``decode`` reads the
-        JSON columns as the database gives them."""
+        JSON columns as the database gives them (None: as they are)."""
         if row is None:
             return cls()
+        if decode is None:
+            decode = _same
         cursor, done, params, run_from, next_from, seen_max, pages, records = row
         return cls(
             exists=True,

@@ -40,22 +40,17 @@ from typing import Any, Final
 from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
-    DELETED_TABLE,
-    LEARNED_TABLE,
-    LEARNED_UPDATE,
-    RECORD_UPDATE,
-    STATE_COLUMNS,
     STATE_TABLE,
-    STATE_UPDATE,
     DatabaseError,
     DeadLetters,
+    Dialect,
     LeaseLostError,
     PageWrite,
     SinkLifetime,
+    Statements,
     UnitHandedOver,
     UnitState,
     UnitStatus,
-    record_columns,
     schema,
     text_value,
 )
@@ -140,29 +135,13 @@ _SCHEMA: Final = (
 )
 
 
-def _upsert_sql(resource: str) -> str:
-    # The SQLite sink's rule: newer-or-equal wins, a deleted id never returns.
-    return f"""
-        INSERT INTO {resource} AS t
-            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
-        SELECT %s, %s, %s, %s, %s, %s, %s, now()
-        WHERE NOT EXISTS (
-            SELECT 1 FROM {DELETED_TABLE} d
-            WHERE d.store = %s AND d.resource = '{resource}' AND d.id = %s)
-        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
-        WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
-            OR coalesce(asyncsubs_instant(excluded.updated_at) >= asyncsubs_instant(t.updated_at),
-                        excluded.updated_at >= t.updated_at)"""
-
-
-def _params(store: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
-    columns = record_columns(store, record)
-    # raw as JSONB; the deleted-ids check repeats store and id.
-    return (*columns, Jsonb(record), columns[0], columns[1])
-
-
 def _jsonb(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
+
+
+_SQL: Final = Statements(
+    Dialect(param="%({})s", instant="asyncsubs_instant({})", now="now()", dump=_jsonb, load=None)
+)
 
 
 def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, dict[str, list[str]]]:
@@ -313,23 +292,16 @@ class PostgresSink(SinkLifetime):
 
     # -- the Sink interface ---------------------------------------------------------------------
 
-    async def load_state(self, store: str, resource: str) -> UnitState:
+    async def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
         async with self.transaction() as conn:
-            return await self._load_state(conn, store, resource)
+            return await (await conn.execute(sql, params)).fetchone()
 
-    @staticmethod
-    async def _load_state(
-        conn: psycopg.AsyncConnection[Any], store: str, resource: str, *, lock: bool = False
-    ) -> UnitState:
-        cur = await conn.execute(
-            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
-            + (" FOR UPDATE" if lock else ""),
-            (store, resource),
-        )
-        return UnitState.from_row(await cur.fetchone(), lambda value: value)
+    async def load_state(self, store: str, resource: str) -> UnitState:
+        row = await self._one(_SQL.load_state, {"store": store, "resource": resource})
+        return UnitState.from_row(row)
 
     async def commit_page(self, w: PageWrite) -> None:
-        rows, page_max = w.rows(_params)
+        rows, page_max = w.rows(_SQL.record)
         handed = False
         async with self.transaction() as conn:
             # The lease is checked (and renewed) first: its row lock keeps a takeover out
@@ -343,30 +315,18 @@ class PostgresSink(SinkLifetime):
                 raise LeaseLostError(f"{w.store}/{w.resource}")
             if rows:
                 async with conn.cursor() as cursor:
-                    await cursor.executemany(_upsert_sql(w.resource), rows)
-            old = await self._load_state(conn, w.store, w.resource, lock=True)
-            new = w.state_after(old, len(rows), page_max)
-            await conn.execute(
-                f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
-                        run_started_at, run_finished_at, updated_at)
-                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),
-                            CASE WHEN %s THEN now() END, now())
-                    ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
-                        run_started_at = CASE WHEN %s THEN excluded.run_started_at
-                                         ELSE {STATE_TABLE}.run_started_at END""",
-                (
-                    *(w.store, w.resource, new.cursor, new.done, Jsonb(dict(new.run_params))),
-                    *map(_jsonb, (new.run_from, new.next_from, new.seen_max)),
-                    *(new.run_pages, new.run_records, new.done, w.new_run),
-                ),
-            )
+                    await cursor.executemany(_SQL.upsert(w.resource), rows)
+            unit = {"store": w.store, "resource": w.resource}
+            old = await conn.execute(_SQL.load_state + " FOR UPDATE", unit)
+            new = w.state_after(UnitState.from_row(await old.fetchone()), len(rows), page_max)
+            await conn.execute(_SQL.save_state, _SQL.state(w, new))
             if new.done:
                 # The unit is done with its last page: no window in which a crash leaves it
                 # finished but still pending (which would pull it again).
                 await conn.execute(
                     f"UPDATE {UNITS_TABLE} SET state = 'done', holder = NULL, lease_until = NULL"
-                    " WHERE store = %s AND resource = %s",
-                    (w.store, w.resource),
+                    " WHERE store = %(store)s AND resource = %(resource)s",
+                    unit,
                 )
                 await conn.execute(f"NOTIFY {CHANNEL}")
                 self._finished += 1
@@ -377,42 +337,27 @@ class PostgresSink(SinkLifetime):
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
         async with self.transaction() as conn:
-            cur = await conn.execute(_upsert_sql(resource), _params(store, record))
+            cur = await conn.execute(_SQL.upsert(resource), _SQL.record(store, record))
             return cur.rowcount > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        record_id = text_value(record_id)
+        params = {"store": store, "resource": resource, "id": text_value(record_id)}
         async with self.transaction() as conn:
-            await conn.execute(
-                f"DELETE FROM {resource} WHERE store = %s AND id = %s", (store, record_id)
-            )
-            await conn.execute(
-                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
-                " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
-                (store, resource, record_id),
-            )
+            await conn.execute(_SQL.delete(resource), params)
+            await conn.execute(_SQL.remember_deleted, params)
 
     async def count(self, store: str, resource: str) -> int:
-        async with self.transaction() as conn:
-            cur = await conn.execute(f"SELECT count(*) FROM {resource} WHERE store = %s", (store,))
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
+        row = await self._one(_SQL.count(resource), {"store": store})
+        return int(row[0]) if row else 0
 
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                f"SELECT learned FROM {LEARNED_TABLE} WHERE store = %s", (store,)
-            )
-            row = await cur.fetchone()
-            return None if row is None else dict(row[0])
+        row = await self._one(_SQL.load_learned, {"store": store})
+        return None if row is None else dict(row[0])
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        params = {"store": store, "learned": Jsonb(dict(learned))}
         async with self.transaction() as conn:
-            await conn.execute(
-                f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (%s, %s, now())"
-                f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}",
-                (store, Jsonb(dict(learned))),
-            )
+            await conn.execute(_SQL.save_learned, params)
 
     # -- units and leases -------------------------------------------------------------------
     #
