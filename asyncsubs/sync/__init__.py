@@ -17,7 +17,8 @@ The parts, in the order one synced page passes them:
   page committed with its cursor; it tells an observer what happens (``_events``);
 - ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
   through the sink's leases;
-- ``_sink``: the ``Sink`` protocol and the rules both sinks keep; ``sqlite`` and ``postgres``
+- ``_sink``: the roles a sink plays (``Records``, ``LearnedLimits``, ``WebhookTables``,
+  ``Leases``; ``Sink``: all of them) and the statements both sinks run; ``sqlite`` and ``postgres``
   the two sinks, each with its webhook inbox and dead letters; ``_open``: ``sink_for(url)``,
   the one place that picks one;
 - ``_listen``: ``ListenSync``, webhooks applied to the sink and reconciled by pulls.
@@ -70,12 +71,15 @@ from ._sink import (
     DatabaseConfigError,
     DatabaseError,
     DeadLetters,
+    LearnedLimits,
     LeaseLostError,
     Leases,
     PageWrite,
+    Records,
     Sink,
     UnitState,
     UnitStatus,
+    WebhookTables,
 )
 
 __all__ = [
@@ -90,6 +94,7 @@ __all__ = [
     "Event",
     "Incremental",
     "LISTEN_INCREMENTAL",
+    "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "ListenSync",
@@ -100,6 +105,7 @@ __all__ = [
     "PoolLearned",
     "REQUEUE_BELOW_ATTEMPTS",
     "RESOURCES",
+    "Records",
     "Retrying",
     "RunStarted",
     "Sink",
@@ -116,6 +122,7 @@ __all__ = [
     "WebhookApplyError",
     "WebhookCounts",
     "WebhookRefused",
+    "WebhookTables",
     "WorkerIdle",
     "check_base_url",
     "check_redis_url",

@@ -25,25 +25,28 @@ __all__ = [
     "DEFAULT_LEASE",
     "DELETED_TABLE",
     "DatabaseConfigError",
-    "LEARNED_TABLE",
-    "LEARNED_UPDATE",
     "DatabaseError",
     "DeadLetters",
     "Dialect",
+    "LEARNED_TABLE",
+    "LEARNED_UPDATE",
+    "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "PageWrite",
     "RECORD_UPDATE",
     "RESOURCES",
+    "Records",
     "STATE_COLUMNS",
     "STATE_TABLE",
     "STATE_UPDATE",
-    "Statements",
     "Sink",
     "SinkLifetime",
+    "Statements",
     "UnitHandedOver",
     "UnitState",
     "UnitStatus",
+    "WebhookTables",
     "json_text",
     "newer",
     "schema",
@@ -436,10 +439,13 @@ class SinkLifetime:
         await self.aclose()
 
 
-class Sink(Protocol):
-    """Where a sync writes: ``sqlite.SQLiteSink`` (embedded, one writer) or
-    ``postgres.PostgresSink`` (shared by many workers). Both keep the same tables and rules;
-    ``sink_for(url)`` picks one. Use as ``async with sink:`` (``open`` and ``aclose``)."""
+# The roles a sink plays; a sink implements those it stores. ``Sink`` is both sinks: all of
+# them, and ``Leases`` through ``leases`` where workers share the database.
+
+
+class Records(Protocol):
+    """Rows and cursors: the records of each unit and the state it continues from. Use as
+    ``async with sink:`` (``open`` and ``aclose``)."""
 
     #: The database, for messages (never a password).
     where: str
@@ -454,13 +460,13 @@ class Sink(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def __aenter__(self) -> Sink: ...
+    async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
-        """Hold the database for this process while a sync writes it (ConfigError when another
-        holds it); nothing to hold where workers share it through leases."""
+        """Hold the database for this process while a sync writes it (DatabaseConfigError when
+        another holds it); nothing to hold where workers share it through leases."""
         ...
 
     async def load_state(self, store: str, resource: str) -> UnitState: ...
@@ -478,6 +484,15 @@ class Sink(Protocol):
 
     async def count(self, store: str, resource: str) -> int: ...
 
+    async def status(self) -> list[UnitStatus] | None:
+        """Every unit the database knows (``sync-status``); None when no sync ever wrote to it.
+        Needs no ``open``, creates nothing."""
+        ...
+
+
+class LearnedLimits(Protocol):
+    """What each store's pools learned of the server, kept for its next sync."""
+
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
         """What the store's pools learned, as its last sync saved it (None: nothing saved)."""
         ...
@@ -485,19 +500,24 @@ class Sink(Protocol):
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
         """Keep what the store's pools learned (``AdminClient.export_learned()``)."""
 
-    async def status(self) -> list[UnitStatus] | None:
-        """Every unit the database knows (``sync-status``); None when no sync ever wrote to it.
-        Needs no ``open``, creates nothing."""
-        ...
+
+class WebhookTables(Protocol):
+    """The inbox and dead letters of ``sync --listen``, beside the records they update."""
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
-        """The inbox and the dead letters of ``sync --listen`` in this (open) database, tables
-        ``webhook_inbox`` and ``webhook_dead_letters`` made if need be; closed with the sink."""
+        """The inbox and the dead letters in this (open) database, tables ``webhook_inbox`` and
+        ``webhook_dead_letters`` made if need be; closed with the sink."""
         ...
 
     async def has_webhook_tables(self) -> bool:
         """Whether ``sync --listen`` ever ran on this database; needs no ``open``."""
         ...
+
+
+class Sink(Records, LearnedLimits, WebhookTables, Protocol):
+    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (embedded, one writer) or
+    ``postgres.PostgresSink`` (shared by many workers, its ``Leases``). Both keep the same
+    tables and rules; ``sink_for(url)`` picks one."""
 
 
 class DeadLetters(DeadLetterStore, Protocol):
