@@ -1,5 +1,5 @@
-"""What a sync writes through: the ``Sink`` protocol, the values it takes and gives, and the
-record rules both sinks share.
+"""What a sync writes through: the roles a sink plays (``Sink``: all of them), the values it
+takes and gives, and the statements both sinks run, each in its SQL dialect.
 
 A sink keeps, per ``(store, resource)`` unit, the records (one table per resource, primary key
 ``(store, id)``) and the unit's state (the cursor to continue from, the run's pages and
@@ -23,23 +23,17 @@ from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
     "DEFAULT_LEASE",
-    "DELETED_TABLE",
     "DatabaseConfigError",
     "DatabaseError",
     "DeadLetters",
     "Dialect",
-    "LEARNED_TABLE",
-    "LEARNED_UPDATE",
     "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "PageWrite",
-    "RECORD_UPDATE",
     "RESOURCES",
     "Records",
-    "STATE_COLUMNS",
     "STATE_TABLE",
-    "STATE_UPDATE",
     "Sink",
     "SinkLifetime",
     "Statements",
