@@ -292,9 +292,19 @@ class PostgresSink(SinkLifetime):
 
     # -- the Sink interface ---------------------------------------------------------------------
 
-    async def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
+    async def _one(self, sql: str, params: Any = ()) -> Any:
+        """The first row of one statement, in a transaction of its own."""
+        return next(iter(await self._rows(sql, params)), None)
+
+    async def _rows(self, sql: str, params: Any = ()) -> list[Any]:
         async with self.transaction() as conn:
-            return await (await conn.execute(sql, params)).fetchone()
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def _write(self, sql: str, params: Any = ()) -> int:
+        """How many rows one statement, in a transaction of its own, wrote."""
+        async with self.transaction() as conn:
+            return (await conn.execute(sql, params)).rowcount
 
     async def load_state(self, store: str, resource: str) -> UnitState:
         row = await self._one(_SQL.load_state, {"store": store, "resource": resource})
@@ -336,9 +346,7 @@ class PostgresSink(SinkLifetime):
             raise UnitHandedOver(f"{w.store}/{w.resource}")
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        async with self.transaction() as conn:
-            cur = await conn.execute(_SQL.upsert(resource), _SQL.record(store, record))
-            return cur.rowcount > 0
+        return await self._write(_SQL.upsert(resource), _SQL.record(store, record)) > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
         params = {"store": store, "resource": resource, "id": text_value(record_id)}
@@ -355,9 +363,7 @@ class PostgresSink(SinkLifetime):
         return None if row is None else dict(row[0])
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        params = {"store": store, "learned": Jsonb(dict(learned))}
-        async with self.transaction() as conn:
-            await conn.execute(_SQL.save_learned, params)
+        await self._write(_SQL.save_learned, {"store": store, "learned": Jsonb(dict(learned))})
 
     # -- units and leases -------------------------------------------------------------------
     #
@@ -490,14 +496,12 @@ class PostgresSink(SinkLifetime):
         lease held by another worker may expire (the lease length if only this one holds
         pending units)."""
         where, _ = _in_units(units)
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
-                        (WHERE holder IS DISTINCT FROM %(holder)s) - now())
-                    FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
-                self._params(units),
-            )
-            row = await cur.fetchone()
+        row = await self._one(
+            f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
+                    (WHERE holder IS DISTINCT FROM %(holder)s) - now())
+                FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
+            self._params(units),
+        )
         if row is None or not row[0]:
             return None
         return self.lease if row[1] is None else max(0.0, float(row[1]))
@@ -532,26 +536,13 @@ class PostgresSink(SinkLifetime):
             return None
         rows = await self._read(
             f"""SELECT u.store, u.resource, u.state, u.holder,
-                    extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,
-                    extract(epoch FROM now() - s.updated_at), u.error
+                    extract(epoch FROM u.lease_until - now())::float8, s.run_records,
+                    s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
                 FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
                     ON s.store = u.store AND s.resource = u.resource
                 ORDER BY u.store, u.resource"""
         )
-        return [
-            UnitStatus(
-                store=r[0],
-                resource=r[1],
-                state=r[2],
-                holder=r[3],
-                lease_left=None if r[4] is None else float(r[4]),
-                records=r[5],
-                pages=r[6],
-                cursor_age=None if r[7] is None else float(r[7]),
-                error=r[8],
-            )
-            for r in rows
-        ]
+        return [UnitStatus(*row) for row in rows]
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         # One pool: an inbox write takes a connection of its own, never waiting for a page.
@@ -576,38 +567,25 @@ class PostgresInbox:
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
-    async def add(self, entry: InboxEntry) -> bool:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (
-                    entry.store,
-                    entry.event_id,
-                    entry.body,
-                    _instant(entry.received_at),
-                    entry.attempts,
-                ),
-            )
-            return cur.rowcount > 0
+    async def add(self, e: InboxEntry) -> bool:
+        added = await self.sink._write(
+            f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+        )
+        return added > 0
 
     async def pending(self, store: str) -> list[InboxEntry]:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
-                " WHERE store = %s ORDER BY received_at, event_id",
-                (store,),
-            )
-            return [
-                InboxEntry(store, row[0], bytes(row[1]), _epoch(row[2]), row[3])
-                for row in await cur.fetchall()
-            ]
+        rows = await self.sink._rows(
+            f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
+            " WHERE store = %s ORDER BY received_at, event_id",
+            (store,),
+        )
+        return [InboxEntry(store, r[0], bytes(r[1]), _epoch(r[2]), r[3]) for r in rows]
 
     async def remove(self, store: str, event_id: str) -> None:
-        async with self.sink.transaction() as conn:
-            await conn.execute(
-                f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s", (store, event_id)
-            )
+        sql = f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s"
+        await self.sink._write(sql, (store, event_id))
 
 
 class PostgresDeadLetters:
@@ -616,46 +594,29 @@ class PostgresDeadLetters:
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
-    async def add(self, letter: DeadLetter) -> None:
-        async with self.sink.transaction() as conn:
-            await conn.execute(
-                f"INSERT INTO {DEAD_LETTER_TABLE}"
-                " (event_id, topic, body, error, attempts, failed_at, store)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (
-                    letter.event_id,
-                    letter.topic,
-                    letter.body,
-                    letter.error,
-                    letter.attempts,
-                    _instant(letter.failed_at),
-                    letter.store,
-                ),
-            )
+    async def add(self, x: DeadLetter) -> None:
+        await self.sink._write(
+            f"INSERT INTO {DEAD_LETTER_TABLE}"
+            " (event_id, topic, body, error, attempts, failed_at, store)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
+        )
 
     async def all(self) -> list[DeadLetter]:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                "SELECT event_id, topic, body, error, attempts, failed_at, store"
-                f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
-            )
-            return [
-                DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6])
-                for r in await cur.fetchall()
-            ]
+        rows = await self.sink._rows(
+            "SELECT event_id, topic, body, error, attempts, failed_at, store"
+            f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
+        )
+        return [DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6]) for r in rows]
 
     async def remove(self, event_id: str) -> int:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
-            )
-            return cur.rowcount
+        return await self.sink._write(
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
+        )
 
     async def remove_for_store(self, store: str | None, event_id: str) -> int:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
-                " AND store IS NOT DISTINCT FROM %s",
-                (event_id, store),
-            )
-            return cur.rowcount
+        return await self.sink._write(
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
+            " AND store IS NOT DISTINCT FROM %s",
+            (event_id, store),
+        )

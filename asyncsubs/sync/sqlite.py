@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -288,24 +287,11 @@ class SQLiteSink(SinkLifetime):
             return None
         rows = await asyncio.to_thread(
             self._read,
-            f"SELECT store, resource, done, run_records, run_pages, updated_at FROM {STATE_TABLE}"
-            " ORDER BY store, resource",
+            "SELECT store, resource, CASE WHEN done THEN 'done' ELSE 'pending' END, NULL, NULL,"
+            " run_records, run_pages, (julianday('now') - julianday(updated_at)) * 86400, NULL"
+            f" FROM {STATE_TABLE} ORDER BY store, resource",
         )
-        now = datetime.now(UTC)
-        return [
-            UnitStatus(
-                store=store,
-                resource=resource,
-                state="done" if done else "pending",
-                holder=None,
-                lease_left=None,
-                records=records,
-                pages=pages,
-                cursor_age=(now - datetime.fromisoformat(updated)).total_seconds(),
-                error=None,
-            )
-            for store, resource, done, records, pages, updated in rows
-        ]
+        return [UnitStatus(*row) for row in rows]
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         if self._webhook_stores is None:
