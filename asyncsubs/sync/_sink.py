@@ -496,7 +496,7 @@ class LearnedLimits(Protocol):
 
 
 class WebhookTables(Protocol):
-    """The inbox and dead letters of ``sync --listen``, beside the records they update."""
+    """The webhook inbox and dead letters of a ``ListenSync``, beside the records they update."""
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         """The inbox and the dead letters in this (open) database, tables ``webhook_inbox`` and
@@ -504,7 +504,7 @@ class WebhookTables(Protocol):
         ...
 
     async def has_webhook_tables(self) -> bool:
-        """Whether ``sync --listen`` ever ran on this database; needs no ``open``."""
+        """Whether a ``ListenSync`` ever ran on this database; needs no ``open``."""
         ...
 
 

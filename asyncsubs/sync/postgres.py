@@ -9,7 +9,7 @@ committed with its cursor in one transaction. Two more tables:
   current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
   (``holder``, ``lease_until``): the sink's ``Leases`` (see ``_schedulers`` for how workers
   claim and release units).
-- ``webhook_inbox`` and ``webhook_dead_letters``: ``sync --listen``'s durable inbox and dead
+- ``webhook_inbox`` and ``webhook_dead_letters``: a ``ListenSync``'s durable inbox and dead
   letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
 
 Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its

@@ -4,7 +4,7 @@ Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary
 id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
 ``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_learned``, what each
 store's pools learned of the server; ``asyncsubs_deleted``, the ids deleted by webhooks.
-``sync --listen`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
+A ``ListenSync`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
 ``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a delivery
 never waits for a page's transaction.
 
