@@ -365,7 +365,7 @@ class PostgresSink(SinkLifetime):
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
         await self._write(_SQL.save_learned, {"store": store, "learned": Jsonb(dict(learned))})
 
-    # -- units and leases -------------------------------------------------------------------
+    # -- units and leases (``Leases``) ---------------------------------------------------------
     #
     # A worker claims free units while it has room; one that finds none (all held) is a worker
     # that *wants* one (the workers table). A worker holding two units more than a wanting one
@@ -378,9 +378,6 @@ class PostgresSink(SinkLifetime):
         return {"holder": self.holder, "lease": self.lease, **_in_units(units)[1]}
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
-        """Join the current round of ``units``, or start a new one when every unit of the
-        last is finished (done or failed); True when this call started it (or added units
-        never seen before)."""
         self._finished = 0
         where, params = _in_units(units)
         async with self.transaction() as conn:
@@ -406,9 +403,7 @@ class PostgresSink(SinkLifetime):
     async def claim(
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
-        """Take the lease of one pending unit nobody holds (or whose lease expired), preferring
-        stores in ``prefer`` (this worker's clients already pace them), and leaving a worker
-        that has none the units it is owed; None when there is none."""
+        # Leaving a worker that has none the units it is owed (see above).
         where, _ = _in_units(units)
         params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
@@ -448,8 +443,6 @@ class PostgresSink(SinkLifetime):
         return cur.rowcount > 0
 
     async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The heartbeat: extend every lease this worker holds; those of ``units`` (believed
-        held) that another worker has taken over or that this one no longer holds."""
         where, _ = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute(
@@ -469,7 +462,6 @@ class PostgresSink(SinkLifetime):
             return [(row[0], row[1]) for row in await cur.fetchall()]
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
-        """Give up the lease of ``unit`` (failed with ``error``: it is not retried this round)."""
         self._finished += error is not None
         async with self.transaction() as conn:
             await conn.execute(
@@ -481,8 +473,7 @@ class PostgresSink(SinkLifetime):
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def release_all(self) -> None:
-        """Give up every lease this worker holds (stopping), so others take them at once.
-        Not for long: after a database error, the leases may as well expire."""
+        # Not for long: after a database error, the leases may as well expire.
         async with self.transaction(timeout=2.0) as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
@@ -492,9 +483,6 @@ class PostgresSink(SinkLifetime):
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
-        """None when no unit of ``units`` is pending any more; otherwise the seconds until a
-        lease held by another worker may expire (the lease length if only this one holds
-        pending units)."""
         where, _ = _in_units(units)
         row = await self._one(
             f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
@@ -507,7 +495,6 @@ class PostgresSink(SinkLifetime):
         return self.lease if row[1] is None else max(0.0, float(row[1]))
 
     async def wait_for_release(self, timeout: float) -> None:
-        """Return when a unit is released or finished by any worker, or after ``timeout``."""
         try:
             if self._listen is None:
                 self._listen = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
