@@ -632,6 +632,79 @@ def test_a_db_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
         sink_for(f"sqlite:///{tmp_path}")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_db_that_is_a_device_fails_before_anything_is_created(
+    tmp_path: Path, capsys: Any
+) -> None:
+    made = [Path("/dev/full" + suffix) for suffix in (".asyncsubs-lock", "-journal")]
+    before = [path.exists() for path in made]
+    config = tmp_path / "stores.toml"
+    config.write_text('[stores.a]\nbase_url = "http://127.0.0.1:1/v1"\ntoken_env = "A_T"\n')
+    try:
+        assert main(["sync", "--config", str(config), "--db", "/dev/full"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err == "asyncsubs: error: --db: /dev/full is not a regular file; name a database file\n"
+        )
+        assert [path.exists() for path in made] == before
+    finally:
+        for path, existed in zip(made, before, strict=True):
+            if not existed:
+                path.unlink(missing_ok=True)
+
+
+def test_the_lock_file_goes_with_its_holder_and_never_locks_a_removed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "subs.db"
+    lock = tmp_path / "subs.db.asyncsubs-lock"
+    with hold_database(db):
+        assert lock.exists()
+        with (
+            pytest.raises(ConfigError, match="in use by another asyncsubs command"),
+            hold_database(db),
+        ):
+            pass
+        late = os.open(lock, os.O_RDWR)  # opened just before its holder leaves
+    assert not lock.exists()
+    # The late opener then gets the lock of the removed file: it must lock the one there now.
+    real_open = os.open
+    opened: list[str] = []
+
+    def late_first(path: Any, flags: int, mode: int = 0o777) -> int:
+        opened.append(str(path))
+        return os.dup(late) if len(opened) == 1 else real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", late_first)
+    try:
+        with hold_database(db):
+            monkeypatch.undo()
+            assert opened == [str(lock), str(lock)]
+            assert orjson.loads(lock.read_bytes())["pid"] == os.getpid()
+            with (
+                pytest.raises(ConfigError, match="in use by another asyncsubs command"),
+                hold_database(db),
+            ):
+                pass
+    finally:
+        os.close(late)
+    assert not lock.exists()
+
+
+def test_sync_status_on_a_database_no_sync_wrote_says_so(tmp_path: Path, capsys: Any) -> None:
+    db = tmp_path / "other.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE notes (text TEXT)")
+    assert main(["sync-status", "--db", str(db)]) == 0
+    out = capsys.readouterr()
+    assert out.err == (
+        f"asyncsubs: no units: {db} is not a sync database (no sync has written to it)\n"
+    )
+    assert "0 units" not in out.out
+    with contextlib.closing(sqlite3.connect(db)) as conn:  # nothing created
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "message"),
     [
@@ -705,6 +778,7 @@ def test_second_sync_on_a_database_in_use_exits_2_naming_the_holder(
     assert server.requests == []  # nothing resumed, nothing sent
     assert main(args) == 0  # the lock goes with its holder
     assert_exact(db, server)
+    assert not (tmp_path / "subs.db.asyncsubs-lock").exists()  # and its file with a clean exit
 
 
 def test_a_database_in_use_is_in_use_through_a_symlink(tmp_path: Path) -> None:

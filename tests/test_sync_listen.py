@@ -783,6 +783,52 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
             ).fetchone() == ("2031-01-01T00:00:00Z",)
 
 
+async def test_attempts_add_up_over_a_requeue_by_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """``dead-letters --requeue`` keeps a letter's attempts in the inbox, so one that fails
+    again is dead-lettered with the attempts of both runs (as the start-up requeue does)."""
+    db = tmp_path / "subs.db"
+    event = {"id": "d-2", "topic": "orders/update", "store": "acme"}
+    body = orjson.dumps({**event, "data": {"id": 8, "updatedAt": "2031-01-01T00:00:00Z"}})
+    sig = {"X-Service-Signature": signature_header_value(SECRETS["acme"], body)}
+
+    async def broken(*args: Any) -> bool:
+        raise DatabaseError("database subs.db: database is locked")
+
+    def attempts(table: str) -> list[tuple[int]]:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            return conn.execute(f"SELECT attempts FROM {table}").fetchall()
+
+    async with fake_server(seed=15) as server:
+        async with listening(listen_configs(tmp_path, server), db) as engine:
+            monkeypatch.setattr(engine.sink, "upsert_record", broken)
+            urls = await engine.listen("127.0.0.1", 0)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(urls["acme"], data=body, headers=sig) as resp,
+            ):
+                assert resp.status == 200
+            await engine.join()
+            monkeypatch.undo()
+        assert attempts("webhook_dead_letters") == [(5,)]
+
+        # By hand: the inbox keeps the 5 attempts made.
+        argv = ["dead-letters", "--db", str(db), "--requeue"]
+        assert await asyncio.to_thread(main, argv) == 0
+        assert "1 moved" in capsys.readouterr().out
+        assert attempts("webhook_inbox") == [(5,)]
+
+        # Still failing at the next start: 5 more, 10 in all.
+        async with listening(listen_configs(tmp_path, server), db) as engine:
+            monkeypatch.setattr(engine.sink, "upsert_record", broken)
+            await engine.listen("127.0.0.1", 0)
+            await engine.join()
+            monkeypatch.undo()
+        assert attempts("webhook_dead_letters") == [(10,)]
+        assert attempts("webhook_inbox") == []
+
+
 async def test_the_webhook_tables_exist_before_the_first_event(tmp_path: Path) -> None:
     db = tmp_path / "subs.db"
     async with (

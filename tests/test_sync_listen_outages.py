@@ -466,7 +466,7 @@ async def test_dead_letters_of_a_database_failure_are_requeued_once_pulls_succee
                 await until(lambda: engine.counts("acme").receiver.dead_lettered)
                 monkeypatch.undo()
                 await until(said.saying(r"done after \d+ failed attempts?"))
-                await until(said.saying("webhooks of store acme: 1 dead letters requeued"))
+                await until(said.saying("webhooks of store acme: dead letters requeued: 1"))
                 await applied(lambda: sqlite_customers(db), sender.acknowledged)
                 running.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

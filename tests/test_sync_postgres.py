@@ -12,8 +12,11 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import os
+import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,11 +30,14 @@ import pytest
 from postgres_fixtures import pg_url_fixture, postgres_server_fixture
 from redis_fixtures import redis_server_fixture
 from test_sync import RESOURCES, STORES, env_name, write_config
+from virtual_clock import VirtualClock
 
 from asyncsubs.__main__ import main
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
+from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.sync import (
+    DatabaseError,
     LeaseLostError,
     ListenSync,
     PageWrite,
@@ -46,7 +52,7 @@ from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 # Under CI the dev extra installs psycopg: an import error there fails the module.
 psycopg = __import__("psycopg") if os.environ.get("CI") else pytest.importorskip("psycopg")
 
-from asyncsubs.sync.postgres import PostgresInbox, PostgresSink  # noqa: E402
+from asyncsubs.sync.postgres import DEFAULT_TIMEOUT, PostgresInbox, PostgresSink  # noqa: E402
 from asyncsubs.webhooks import InboxEntry  # noqa: E402
 
 __all__ = ["pg_url_fixture", "postgres_server_fixture", "redis_server_fixture"]
@@ -351,6 +357,31 @@ def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:
     assert repr(sink_for(url)).count("s3cret") == 0
 
 
+async def test_unreachable_postgres_is_one_line_saying_how_long_it_waited(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No server at the address: the sink retries for ``DEFAULT_TIMEOUT`` (a server starting
+    up refuses connections for a while), then fails with one line naming why and how long it
+    waited, and nothing is logged on the way (the pool logged each failed attempt)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    sink = PostgresSink(f"postgresql://user:s3cret@127.0.0.1:{port}/db")
+    started = clock.now
+    with caplog.at_level(logging.DEBUG), pytest.raises(DatabaseError) as info:
+        await sink.open()
+    text = str(info.value)
+    assert "\n" not in text
+    assert "s3cret" not in text
+    assert text.startswith(f"database postgresql://user@127.0.0.1:{port}/db: "), text
+    assert "Connection refused" in text
+    waited = re.search(r"\(waited (\d+\.\d)s, \d+ attempts\)$", text)
+    assert waited is not None, text
+    assert DEFAULT_TIMEOUT - 2.5 <= float(waited[1]) <= DEFAULT_TIMEOUT
+    assert clock.now - started <= DEFAULT_TIMEOUT
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Subprocess workers: SIGKILL, takeover, a database that goes away
 
@@ -493,6 +524,95 @@ def test_database_that_goes_away_mid_run_is_a_clear_error_and_nothing_half_writt
     assert_exact(pg_url, slow_server)
 
 
+def test_a_worker_joining_a_round_another_took_whole_gets_its_share(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    """Two workers on 6 units, the second starting once the first holds all 6: the first hands
+    it units at their next page commits, each resumed from its committed cursor, so both pull
+    and no page is pulled twice."""
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    stores = ["store-1", "store-2"]
+    configs = load_config(slow_config(tmp_path, slow_server), env, only_stores=stores)
+    holds_all = asyncio.Event()
+
+    class First(PostgresSink):
+        claimed = 0
+
+        async def claim(
+            self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
+        ) -> tuple[str, str] | None:
+            unit = await super().claim(units, prefer=prefer)
+            self.claimed += unit is not None
+            if self.claimed == 6:  # every unit of the two stores
+                holds_all.set()
+            return unit
+
+    async def worker(sink: PostgresSink) -> Progress:
+        progress = Progress()
+        async with sink, SyncEngine(configs, sink, progress) as engine:
+            await run_round(engine)
+        return progress
+
+    async def both() -> tuple[Progress, Progress]:
+        first = asyncio.create_task(worker(First(pg_url, holder="first")))
+        await holds_all.wait()
+        second = await worker(PostgresSink(pg_url, holder="second"))
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert_exact(pg_url, slow_server, stores)
+    pulled = {name: [key for key, row in p.rows.items() if row.records] for name, p in
+              (("first", first), ("second", second))}  # fmt: skip
+    assert len(pulled["second"]) >= 2, pulled
+    assert len(pulled["first"]) >= 3, pulled
+    # Every page once: the records both pulled add up to the stores' records.
+    total = sum(len(slow_server.records(s, r)) for s in stores for r in RESOURCES)
+    assert first.records + second.records == total
+    assert second.idle is None
+
+
+def test_an_idle_worker_says_why_it_pulled_nothing(
+    slow_server: FakeAdminServer, tmp_path: Path, pg_url: str
+) -> None:
+    """One unit, held by the first worker: nothing to hand over (it holds one), so the second
+    pulls nothing, and its summary says why."""
+    env = {env_name(name): token for name, token in slow_server.tokens.items()}
+    configs = load_config(
+        slow_config(tmp_path, slow_server), env, only_stores=["store-1"], resources=["orders"]
+    )
+    claimed = asyncio.Event()
+
+    class First(PostgresSink):
+        async def claim(
+            self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
+        ) -> tuple[str, str] | None:
+            unit = await super().claim(units, prefer=prefer)
+            if unit is not None:
+                claimed.set()
+            return unit
+
+    async def worker(sink: PostgresSink) -> Progress:
+        progress = Progress()
+        async with sink, SyncEngine(configs, sink, progress) as engine:
+            await run_round(engine)
+        return progress
+
+    async def both() -> tuple[Progress, Progress]:
+        first = asyncio.create_task(worker(First(pg_url, holder="first")))
+        await claimed.wait()
+        second = await worker(PostgresSink(pg_url, holder="second"))
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert list(first.rows) == [("store-1", "orders")]
+    assert (second.rows, second.records) == ({}, 0)
+    stream = io.StringIO()
+    sync_summary(second, 1.0, "db", stream=stream)
+    text = " ".join(stream.getvalue().split())
+    assert "0 records from 0 stores" in text
+    assert "this worker pulled nothing: other workers held all 1 units of the round" in text
+
+
 # ---------------------------------------------------------------------------------------------
 # --listen and --redis with many workers
 
@@ -589,7 +709,8 @@ async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, c
         await sink.aclose()
     found = await dead_letters(sink_for(pg_url), stores=["acme"], requeue=True)
     assert found == ([letter], 1)
+    # Attempts add up over requeues (docs/webhooks.md): the letter's 3 go with it.
     assert query(pg_url, "SELECT store, event_id, attempts FROM webhook_inbox") == [
-        ("acme", "e1", 0)
+        ("acme", "e1", 3)
     ]
     assert query(pg_url, "SELECT store FROM webhook_dead_letters") == [("globex",)]

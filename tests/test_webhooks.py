@@ -704,6 +704,25 @@ async def test_the_command_requeues_one_stores_dead_letters_only(tmp_path: Path)
     assert (left, queued) == ([("globex", "1")], [("acme", "1")])
 
 
+async def test_the_command_says_when_a_store_has_no_dead_letters(
+    tmp_path: Path, capsys: Any
+) -> None:
+    from asyncsubs.__main__ import main
+
+    db = tmp_path / "sync.db"
+    dead = SQLiteDeadLetters(db)
+    for store in ("acme", "globex"):
+        await dead.add(letter_of(store))
+    await dead.aclose()
+    argv = ["dead-letters", "--db", str(db), "--store", "unknown", "--requeue"]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 moved to webhook_inbox" in out
+    assert (
+        "--store unknown: no dead letters of that store id (stores with dead letters: acme, globex)"
+    ) in out
+
+
 async def test_close_dead_letters_what_was_accepted_but_not_handled(started: Start) -> None:
     handler = Recorder(gate=asyncio.Event())  # never opened: the handler hangs
     receiver, post = await started(handler)

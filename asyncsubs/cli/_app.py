@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 from ..errors import AsyncSubsError, ConfigError
-from ..sync import ConfigFileError, DatabaseError, describe_error
+from ..sync import ConfigFileError, DatabaseConfigError, DatabaseError, describe_error
 from . import _dead_letters, _demo, _fake_server, _pull, _status, _sync
 from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CommandFailed, Parser
 from ._common import output_options as _output_options
@@ -127,6 +127,8 @@ def _run(handler: Handler, args: argparse.Namespace, out: Output) -> int:
         if args.debug:
             traceback.print_exc()
         problems = exc.problems if isinstance(exc, ConfigFileError) else [str(exc)]
+        if isinstance(exc, DatabaseConfigError):  # the database is --db on the command line
+            problems = [f"--db: {exc.problem}"]
         for problem in problems:
             out.error(problem)
         return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE

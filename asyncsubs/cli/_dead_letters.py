@@ -61,8 +61,11 @@ async def dead_letters(
         for letter in letters if requeue else ():
             if letter.store is None:
                 continue
-            # Attempts start over: requeueing by hand says the cause is fixed.
-            await inbox.add(InboxEntry(letter.store, letter.event_id, letter.body, time.time()))
+            # Attempts add up over requeues, as at start: the bound on start-up requeues holds.
+            entry = InboxEntry(
+                letter.store, letter.event_id, letter.body, time.time(), letter.attempts
+            )
+            await inbox.add(entry)
             # Only this store's: other stores' letters may share the event id.
             await dead.remove_for_store(letter.store, letter.event_id)
             moved += 1
@@ -123,6 +126,14 @@ def cmd_dead_letters(
     if args.requeue:
         footer.append(
             f"{moved:,} moved to webhook_inbox: sync --listen applies them when it next starts"
+        )
+    missing = sorted(set(args.store or ()) - {letter.store for letter in letters})
+    if missing:
+        everyone, _ = asyncio.run(dead_letters(sink_for(args.db))) or ([], 0)
+        having = sorted({letter.store for letter in everyone if letter.store})
+        footer.append(
+            f"--store {', '.join(missing)}: no dead letters of that store id (stores with dead "
+            f"letters: {', '.join(having) or 'none'})"
         )
     print_table(
         "webhook dead letters",

@@ -28,6 +28,7 @@ from ..sync import (
     UnitStopped,
     WebhookCounts,
     WebhookRefused,
+    WorkerIdle,
 )
 
 __all__ = ["Progress", "UnitRow", "allowed_cell", "learned_text", "page_cell", "plural"]
@@ -151,6 +152,8 @@ class Progress:
         #: runs started (``sync --listen`` pulls again and again).
         self.pulled = 0
         self.runs = 0
+        #: Why this worker pulled nothing in its last round (``WorkerIdle``), if it did not.
+        self.idle: str | None = None
         self.started = time.monotonic()
         self._watchers: list[Watcher] = []
 
@@ -180,7 +183,7 @@ class Progress:
             self.refusal_checks[event.reason] = event.check
             return None
         if isinstance(event, RunStarted):
-            self.runs = event.number
+            self.runs, self.idle = event.number, None
             if event.number > 1:  # a new run of the same units: their rows start over
                 for key in self.rows:
                     self.rows[key] = UnitRow(*key)
@@ -188,6 +191,8 @@ class Progress:
                 self.add(store, resource)
             return None
         if isinstance(event, Message):
+            if isinstance(event, WorkerIdle):
+                self.idle = event.text
             return None
         row = self.add(event.store, event.resource)
         now = time.monotonic()

@@ -48,6 +48,11 @@ def cmd_sync_status(
 ) -> int:
     sink = sink_for(args.db)
     units = asyncio.run(sink.status())
+    if units is None:
+        (out or Output()).note(
+            f"no units: {sink.where} is not a sync database (no sync has written to it)"
+        )
+        return 0
     rows = [
         [
             unit.store,

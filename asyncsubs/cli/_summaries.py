@@ -74,6 +74,7 @@ def sync_summary(
             "resource's pool; req/s: requests per second achieved, and the pool's rate: "
             "configured, announced by the server, or learned; page: records per page)",
             *(f"learned: {line}" for line in learned),
+            *([progress.idle] if progress.idle else []),
         ],
     )
 

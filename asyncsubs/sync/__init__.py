@@ -17,7 +17,8 @@ The parts, in the order one synced page passes them:
   page committed with its cursor; it tells an observer what happens (``_events``);
 - ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
   through the sink's leases;
-- ``_sink``: the ``Sink`` protocol and the rules both sinks keep; ``sqlite`` and ``postgres``
+- ``_sink``: the roles a sink plays (``Records``, ``LearnedLimits``, ``WebhookTables``,
+  ``Leases``; ``Sink``: all of them) and the statements both sinks run; ``sqlite`` and ``postgres``
   the two sinks, each with its webhook inbox and dead letters; ``_open``: ``sink_for(url)``,
   the one place that picks one;
 - ``_listen``: ``ListenSync``, webhooks applied to the sink and reconciled by pulls.
@@ -59,6 +60,7 @@ from ._events import (
     UnitStopped,
     WebhookCounts,
     WebhookRefused,
+    WorkerIdle,
 )
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import DEFAULT_DB_TIMEOUT, sink_for
@@ -66,15 +68,19 @@ from ._schedulers import run_round
 from ._sink import (
     DEFAULT_LEASE,
     RESOURCES,
+    DatabaseConfigError,
     DatabaseError,
     DatabaseUnavailable,
     DeadLetters,
+    LearnedLimits,
     LeaseLostError,
     Leases,
     PageWrite,
+    Records,
     Sink,
     UnitState,
     UnitStatus,
+    WebhookTables,
 )
 
 __all__ = [
@@ -84,12 +90,14 @@ __all__ = [
     "DEFAULT_MAX_STORES",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_RECONCILE_EVERY",
+    "DatabaseConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
     "DeadLetters",
     "Event",
     "Incremental",
     "LISTEN_INCREMENTAL",
+    "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "ListenSync",
@@ -100,6 +108,7 @@ __all__ = [
     "PoolLearned",
     "REQUEUE_BELOW_ATTEMPTS",
     "RESOURCES",
+    "Records",
     "Retrying",
     "RunStarted",
     "Sink",
@@ -116,6 +125,8 @@ __all__ = [
     "WebhookApplyError",
     "WebhookCounts",
     "WebhookRefused",
+    "WebhookTables",
+    "WorkerIdle",
     "check_base_url",
     "check_redis_url",
     "clamped_page_note",

@@ -39,7 +39,7 @@ from ._events import (
     UnitStopped,
     learned_changed,
 )
-from ._sink import DatabaseError, LeaseLostError, PageWrite, Sink, UnitState
+from ._sink import DatabaseError, LeaseLostError, PageWrite, Sink, UnitHandedOver, UnitState
 
 __all__ = [
     "DEFAULT_MAX_STORES",
@@ -212,9 +212,8 @@ class SyncEngine:
         try:
             await self._pull(unit, config, resource)
             await self.save_learned(client)
-        except LeaseLostError:
-            note = "lease lost to another worker (this one was too slow); stopped"
-            self.observe(UnitNote(store, resource, note))
+        except LeaseLostError as exc:
+            self.observe(UnitNote(store, resource, f"{exc.why}; stopped"))
             self.observe(
                 UnitStopped(store, resource, unit.stats(), await self._rows(config, resource))
             )
@@ -314,6 +313,9 @@ class SyncEngine:
         commit = asyncio.ensure_future(self.sink.commit_page(write))
         try:
             await asyncio.shield(commit)
+        except UnitHandedOver:
+            self._committed(write, unit)  # committed, then handed over
+            raise
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await commit

@@ -6,8 +6,9 @@ number of ``PageCommitted``, ``Retrying`` and ``UnitNote``, then one of ``UnitDo
 reports it (``asyncsubs.limiting.PoolStats``): its counters since the unit started, everything
 else (the pace in force and what set it) as it stands. ``RunStarted`` opens each round of
 every unit (``sync --listen`` runs one after another), ``Message`` is a line about the whole
-sync, ``WebhookCounts`` a store's webhook counters whenever they change, and ``WebhookRefused``
-the first delivery of a store refused for each reason.
+sync (``WorkerIdle`` one saying why a worker pulled nothing), ``WebhookCounts`` a store's
+webhook counters whenever they change, and ``WebhookRefused`` the first delivery of a store
+refused for each reason.
 
 An observer is any callable taking an event; it runs in the event loop, between the sync's
 own steps, so it must not block.
@@ -39,6 +40,7 @@ __all__ = [
     "UnitStopped",
     "WebhookCounts",
     "WebhookRefused",
+    "WorkerIdle",
     "learned_changed",
 ]
 
@@ -154,6 +156,11 @@ class Message:
 
 
 @attrs.frozen
+class WorkerIdle(Message):
+    """This worker pulled no unit of a round (leased workers): why, in ``text``."""
+
+
+@attrs.frozen
 class WebhookCounts:
     """One store's webhooks (``sync --listen``): the receiver's counters, and what applying the
     events did: ``applied`` (rows written or deleted, ``deletes`` of them), ``stale`` (older
@@ -195,5 +202,6 @@ Event: TypeAlias = (
     | Message
     | WebhookCounts
     | WebhookRefused
+    | WorkerIdle
 )
 Observer: TypeAlias = Callable[[Event], object]

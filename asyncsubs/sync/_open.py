@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from ..errors import ConfigError
-from ._sink import DEFAULT_LEASE, Sink
+from ._sink import DEFAULT_LEASE, DatabaseConfigError, Sink
 from .sqlite import SQLiteSink
 
 __all__ = ["DEFAULT_DB_TIMEOUT", "sink_for"]
@@ -24,7 +23,7 @@ DEFAULT_DB_TIMEOUT: Final = 10.0
 def sink_for(
     url: str, *, lease: float = DEFAULT_LEASE, timeout: float = DEFAULT_DB_TIMEOUT
 ) -> Sink:
-    """The sink of ``url``, not connected yet; ConfigError (a usage error) for a URL that
+    """The sink of ``url``, not connected yet; DatabaseConfigError (a ConfigError) for a URL that
     names no database. ``lease``: PostgreSQL's, see ``Leases``. ``timeout``: seconds an
     operation waits for the database before it fails: SQLite, for another process's write
     lock (``SQLiteSink``'s ``busy_timeout``); PostgreSQL, for a connection."""
@@ -32,7 +31,7 @@ def sink_for(
         try:
             from .postgres import PostgresSink
         except ImportError as exc:
-            raise ConfigError(str(exc)) from None
+            raise DatabaseConfigError(str(exc)) from None
         return PostgresSink(url, lease=lease, timeout=timeout)
     return SQLiteSink(_sqlite_path(url), busy_timeout=timeout)
 
@@ -44,19 +43,22 @@ def _sqlite_path(url: str) -> Path:
         path = url[len("sqlite:///") :]
     elif url.startswith("sqlite://"):
         rest = url[len("sqlite://") :]
-        raise ConfigError(
-            f"--db: a SQLite URL has three slashes before a relative path "
+        raise DatabaseConfigError(
+            f"a SQLite URL has three slashes before a relative path "
             f"(sqlite:///{rest}) and four before an absolute one (sqlite:////abs/{rest})"
         )
     else:
         scheme = url.split("://", 1)[0]
-        raise ConfigError(
-            f"--db: SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
+        raise DatabaseConfigError(
+            f"SQLite (sqlite:///path.db) or PostgreSQL (postgresql://user@host/db), "
             f"got a {scheme}:// URL"
         )
     if not path or path == ":memory:":
         # An in-memory database would vanish with the process, defeating resume.
-        raise ConfigError(f"--db must name a file, got {url!r}")
+        raise DatabaseConfigError(f"name a file, got {url!r}")
     if Path(path).is_dir():
-        raise ConfigError(f"--db: {path} is a directory; name a database file in it")
+        raise DatabaseConfigError(f"{path} is a directory; name a database file in it")
+    if Path(path).exists() and not Path(path).is_file():
+        # A device or a pipe: SQLite would write a journal, and the sync its lock, beside it.
+        raise DatabaseConfigError(f"{path} is not a regular file; name a database file")
     return Path(path)

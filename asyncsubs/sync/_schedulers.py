@@ -10,7 +10,9 @@
   stops renewing, and once its leases expire a survivor resumes its units from their committed
   cursors; one stopped cleanly releases them at once. A worker with nothing to claim waits for
   a unit released anywhere, or for the earliest lease that may expire, and ends once no unit
-  of the round is pending. It prefers units of stores it already has a client for.
+  of the round is pending; one that found nothing while another worker held two or more is
+  handed units at their next page commits (``postgres``), or says why it was idle
+  (``WorkerIdle``). It prefers units of stores it already has a client for.
 
 A unit the API refuses is reported (``UnitFailed``) and the others go on; a ``DatabaseError``
 stops the round.
@@ -25,7 +27,7 @@ from collections.abc import Awaitable, Iterable
 from .. import AdminClient
 from ._config import StoreConfig
 from ._engine import SyncEngine
-from ._events import Message, RunStarted
+from ._events import Message, RunStarted, WorkerIdle
 from ._sink import DatabaseError, Leases
 
 __all__ = ["run_round"]
@@ -123,7 +125,7 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
     slots = asyncio.Semaphore(engine.max_stores * max(len(c.resources) for c in engine.configs))
     clients = _Clients(engine)
     running: dict[tuple[str, str], asyncio.Task[None]] = {}
-    failed = 0
+    failed = claimed = 0
 
     async def pull(unit: tuple[str, str]) -> None:
         nonlocal failed
@@ -157,9 +159,12 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
             beat = group.create_task(heartbeat())
             while True:
                 await slots.acquire()
-                unit = await leases.claim(units, prefer=clients.stores)
+                # Not one still running here (handed over or lost, its pull still ending).
+                free = [unit for unit in units if unit not in running]
+                unit = await leases.claim(free, prefer=clients.stores)
                 if unit is not None:
                     running[unit] = group.create_task(pull(unit))
+                    claimed += 1
                     continue
                 slots.release()
                 wait = await leases.pending_wait(units)
@@ -169,6 +174,9 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
                 # another worker's lease may have expired.
                 await leases.wait_for_release(min(wait, leases.lease) + 0.05)
             beat.cancel()
+        if not claimed:
+            held = f"other workers held all {len(units)} units of the round until they finished"
+            engine.observe(WorkerIdle(f"this worker pulled nothing: {held} them"))
     except BaseExceptionGroup as group_exc:
         raise _first(group_exc) from None
     finally:

@@ -1,5 +1,5 @@
-"""What a sync writes through: the ``Sink`` protocol, the values it takes and gives, and the
-record rules both sinks share.
+"""What a sync writes through: the roles a sink plays (``Sink``: all of them), the values it
+takes and gives, and the statements both sinks run, each in its SQL dialect.
 
 A sink keeps, per ``(store, resource)`` unit, the records (one table per resource, primary key
 ``(store, id)``) and the unit's state (the cursor to continue from, the run's pages and
@@ -17,33 +17,33 @@ from typing import Any, Final, Protocol, Self, TypeVar
 
 import attrs
 
-from ..errors import AsyncSubsError, ProtocolError
+from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
 from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
     "DEFAULT_LEASE",
-    "DELETED_TABLE",
-    "LEARNED_TABLE",
-    "LEARNED_UPDATE",
+    "DatabaseConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
     "DeadLetters",
+    "Dialect",
+    "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "PageWrite",
-    "RECORD_UPDATE",
     "RESOURCES",
-    "STATE_COLUMNS",
+    "Records",
     "STATE_TABLE",
-    "STATE_UPDATE",
     "Sink",
     "SinkLifetime",
+    "Statements",
+    "UnitHandedOver",
     "UnitState",
     "UnitStatus",
+    "WebhookTables",
     "json_text",
     "newer",
-    "record_columns",
     "schema",
     "text_value",
 ]
@@ -85,6 +85,7 @@ _COLUMNS: Final = (
     ("created_at", ("createdAt", "created_at")),
     ("updated_at", ("updatedAt", "updated_at")),
 )
+_TYPED: Final = tuple(column for column, _ in _COLUMNS)
 
 
 class DatabaseError(AsyncSubsError):
@@ -98,8 +99,39 @@ class DatabaseUnavailable(DatabaseError):
     the connection lost): the same write may succeed later."""
 
 
+class DatabaseConfigError(ConfigError):
+    """The database a sink was given (``sink_for``'s ``url``) cannot be used: ``problem`` says
+    why (the command line names the database by its flag)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"database: {self.problem}"
+
+
 class LeaseLostError(Exception):
-    """Another worker took this unit over (this one's lease had expired): stop pulling it."""
+    """This worker no longer holds the unit: stop pulling it. ``why``: its lease expired and
+    another worker took it over, or it was handed to a worker that had none."""
+
+    def __init__(
+        self, unit: str, why: str = "lease lost to another worker (this one was too slow)"
+    ) -> None:
+        super().__init__(unit, why)
+        self.unit = unit
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.unit}: {self.why}"
+
+
+class UnitHandedOver(LeaseLostError):
+    """The page was committed, and then the unit handed to a worker that had none (it resumes
+    from that page's cursor): stop pulling it."""
+
+    def __init__(self, unit: str, why: str = "handed to a worker that had none") -> None:
+        super().__init__(unit, why)
 
 
 def schema(*, json: str, time: str, flag: str, count: str, big: str) -> list[str]:
@@ -179,10 +211,108 @@ def newer(a: Any, b: Any) -> Any:
     return b
 
 
-def record_columns(store: str, record: Mapping[str, Any]) -> tuple[str | None, ...]:
-    """``store``, ``id`` and the typed columns of one record (which has an ``id``)."""
-    typed = (next((record[n] for n in names if n in record), None) for _, names in _COLUMNS)
-    return (store, text_value(record["id"]), *map(text_value, typed))
+@attrs.frozen
+class Dialect:
+    """How one database spells what both sinks run."""
+
+    #: A named parameter, ``{}`` for its name: ``:{}`` (SQLite), ``%({})s`` (psycopg).
+    param: str
+    #: A text stamp as an instant to compare (NULL when it does not parse), ``{}`` for it.
+    instant: str
+    #: The time now (SQLite: a parameter ``now``, bound with every statement).
+    now: str
+    #: A value as a JSON column takes it (None is NULL), and back (None: as it comes).
+    dump: Callable[[Any], Any]
+    load: Callable[[Any], Any] | None
+
+
+class Statements:
+    """The statements both sinks run, in one ``Dialect``, their parameters by name."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = d = dialect
+        p = d.param.format
+        unit = f"store = {p('store')} AND resource = {p('resource')}"
+        self.load_state = f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE {unit}"
+        state = ", ".join(p(column) for column in STATE_COLUMNS.split(", "))
+        self.save_state = f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
+                run_started_at, run_finished_at, updated_at)
+            VALUES ({p("store")}, {p("resource")}, {state}, {d.now},
+                CASE WHEN {p("done")} THEN {d.now} END, {d.now})
+            ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
+                run_started_at = CASE WHEN {p("new_run")} THEN excluded.run_started_at
+                                 ELSE {STATE_TABLE}.run_started_at END"""
+        self.remember_deleted = (
+            f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
+            f" VALUES ({p('store')}, {p('resource')}, {p('id')}, {d.now}) ON CONFLICT DO NOTHING"
+        )
+        self.load_learned = f"SELECT learned FROM {LEARNED_TABLE} WHERE store = {p('store')}"
+        self.save_learned = (
+            f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at)"
+            f" VALUES ({p('store')}, {p('learned')}, {d.now})"
+            f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}"
+        )
+        self._upserts: dict[str, str] = {}
+
+    def count(self, resource: str) -> str:
+        return f"SELECT count(*) FROM {resource} WHERE store = {self.dialect.param.format('store')}"
+
+    def delete(self, resource: str) -> str:
+        p = self.dialect.param.format
+        return f"DELETE FROM {resource} WHERE store = {p('store')} AND id = {p('id')}"
+
+    def upsert(self, resource: str) -> str:
+        if resource not in self._upserts:
+            self._upserts[resource] = self._upsert(resource)
+        return self._upserts[resource]
+
+    def _upsert(self, resource: str) -> str:
+        # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
+        # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare
+        # as instants when they parse (``Z`` and offsets mix), as text otherwise. Equal stamps
+        # replace: the next (inclusive) incremental pull settles same-second changes. A
+        # deleted id never comes back.
+        d, p = self.dialect, self.dialect.param.format
+        values = ", ".join(p(column) for column in ("store", "id", *_TYPED, "raw"))
+        new, old = d.instant.format("excluded.updated_at"), d.instant.format("t.updated_at")
+        return f"""INSERT INTO {resource} AS t
+                (store, id, {", ".join(_TYPED)}, raw, synced_at)
+            SELECT {values}, {d.now}
+            WHERE NOT EXISTS (SELECT 1 FROM {DELETED_TABLE}
+                WHERE store = {p("store")} AND resource = '{resource}' AND id = {p("id")})
+            ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
+            WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
+                OR coalesce({new} >= {old}, excluded.updated_at >= t.updated_at)"""
+
+    def record(self, store: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        """The upsert's parameters for one record (which has an ``id``)."""
+        typed = {
+            column: text_value(next((record[n] for n in names if n in record), None))
+            for column, names in _COLUMNS
+        }
+        raw = self.dialect.dump(record)
+        return {"store": store, "id": text_value(record["id"]), **typed, "raw": raw}
+
+    def state(self, write: PageWrite, new: UnitState) -> dict[str, Any]:
+        """``save_state``'s parameters: the unit's state ``new`` after ``write``."""
+        dump = self.dialect.dump
+        return {
+            "store": write.store,
+            "resource": write.resource,
+            "cursor": new.cursor,
+            "done": new.done,
+            "run_params": dump(dict(new.run_params)),
+            "run_from": dump(new.run_from),
+            "next_from": dump(new.next_from),
+            "seen_max": dump(new.seen_max),
+            "run_pages": new.run_pages,
+            "run_records": new.run_records,
+            "new_run": write.new_run,
+        }
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @attrs.frozen
@@ -209,11 +339,15 @@ class UnitState:
         return self.exists and not self.done
 
     @classmethod
-    def from_row(cls, row: Sequence[Any] | None, decode: Callable[[Any], Any]) -> UnitState:
+    def from_row(
+        cls, row: Sequence[Any] | None, decode: Callable[[Any], Any] | None = None
+    ) -> UnitState:
         """The state in a row of ``STATE_COLUMNS`` (None: never run); ``decode`` reads the
-        JSON columns as the database gives them."""
+        JSON columns as the database gives them (None: as they are)."""
         if row is None:
             return cls()
+        if decode is None:
+            decode = _same
         cursor, done, params, run_from, next_from, seen_max, pages, records = row
         return cls(
             exists=True,
@@ -306,10 +440,13 @@ class SinkLifetime:
         await self.aclose()
 
 
-class Sink(Protocol):
-    """Where a sync writes: ``sqlite.SQLiteSink`` (embedded, one writer) or
-    ``postgres.PostgresSink`` (shared by many workers). Both keep the same tables and rules;
-    ``sink_for(url)`` picks one. Use as ``async with sink:`` (``open`` and ``aclose``)."""
+# The roles a sink plays; a sink implements those it stores. ``Sink`` is both sinks: all of
+# them, and ``Leases`` through ``leases`` where workers share the database.
+
+
+class Records(Protocol):
+    """Rows and cursors: the records of each unit and the state it continues from. Use as
+    ``async with sink:`` (``open`` and ``aclose``)."""
 
     #: The database, for messages (never a password).
     where: str
@@ -324,13 +461,13 @@ class Sink(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def __aenter__(self) -> Sink: ...
+    async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
-        """Hold the database for this process while a sync writes it (ConfigError when another
-        holds it); nothing to hold where workers share it through leases."""
+        """Hold the database for this process while a sync writes it (DatabaseConfigError when
+        another holds it); nothing to hold where workers share it through leases."""
         ...
 
     async def load_state(self, store: str, resource: str) -> UnitState: ...
@@ -348,6 +485,15 @@ class Sink(Protocol):
 
     async def count(self, store: str, resource: str) -> int: ...
 
+    async def status(self) -> list[UnitStatus] | None:
+        """Every unit the database knows (``sync-status``); None when no sync ever wrote to it.
+        Needs no ``open``, creates nothing."""
+        ...
+
+
+class LearnedLimits(Protocol):
+    """What each store's pools learned of the server, kept for its next sync."""
+
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
         """What the store's pools learned, as its last sync saved it (None: nothing saved)."""
         ...
@@ -355,18 +501,24 @@ class Sink(Protocol):
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
         """Keep what the store's pools learned (``AdminClient.export_learned()``)."""
 
-    async def status(self) -> list[UnitStatus]:
-        """Every unit the database knows (``sync-status``); needs no ``open``, creates nothing."""
-        ...
+
+class WebhookTables(Protocol):
+    """The webhook inbox and dead letters of a ``ListenSync``, beside the records they update."""
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
-        """The inbox and the dead letters of ``sync --listen`` in this (open) database, tables
-        ``webhook_inbox`` and ``webhook_dead_letters`` made if need be; closed with the sink."""
+        """The inbox and the dead letters in this (open) database, tables ``webhook_inbox`` and
+        ``webhook_dead_letters`` made if need be; closed with the sink."""
         ...
 
     async def has_webhook_tables(self) -> bool:
-        """Whether ``sync --listen`` ever ran on this database; needs no ``open``."""
+        """Whether a ``ListenSync`` ever ran on this database; needs no ``open``."""
         ...
+
+
+class Sink(Records, LearnedLimits, WebhookTables, Protocol):
+    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (embedded, one writer) or
+    ``postgres.PostgresSink`` (shared by many workers, its ``Leases``). Both keep the same
+    tables and rules; ``sink_for(url)`` picks one."""
 
 
 class DeadLetters(DeadLetterStore, Protocol):

@@ -9,7 +9,7 @@ committed with its cursor in one transaction. Two more tables:
   current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
   (``holder``, ``lease_until``): the sink's ``Leases`` (see ``_schedulers`` for how workers
   claim and release units).
-- ``webhook_inbox`` and ``webhook_dead_letters``: ``sync --listen``'s durable inbox and dead
+- ``webhook_inbox`` and ``webhook_dead_letters``: a ``ListenSync``'s durable inbox and dead
   letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
 
 Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
@@ -27,6 +27,7 @@ cannot write a page over its successor's, so each unit is written by one worker 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -40,22 +41,18 @@ from .. import _json
 from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
-    DELETED_TABLE,
-    LEARNED_TABLE,
-    LEARNED_UPDATE,
-    RECORD_UPDATE,
-    STATE_COLUMNS,
     STATE_TABLE,
-    STATE_UPDATE,
     DatabaseError,
     DatabaseUnavailable,
     DeadLetters,
+    Dialect,
     LeaseLostError,
     PageWrite,
     SinkLifetime,
+    Statements,
+    UnitHandedOver,
     UnitState,
     UnitStatus,
-    record_columns,
     schema,
     text_value,
 )
@@ -65,9 +62,7 @@ try:
     from psycopg.types.json import Jsonb
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "--db postgresql:// needs psycopg: pip install 'asyncsubs[postgres]'"
-    ) from exc
+    raise ImportError("PostgreSQL needs psycopg: pip install 'asyncsubs[postgres]'") from exc
 
 __all__ = [
     "PostgresDeadLetters",
@@ -78,6 +73,7 @@ __all__ = [
 ]
 
 UNITS_TABLE: Final = "asyncsubs_sync_units"
+WORKERS_TABLE: Final = "asyncsubs_sync_workers"
 INBOX_TABLE: Final = "webhook_inbox"
 DEAD_LETTER_TABLE: Final = "webhook_dead_letters"
 #: The channel released and finished units are announced on.
@@ -103,6 +99,13 @@ _SCHEMA: Final = (
         claimed_at timestamptz,
         error text,                     -- why it failed
         PRIMARY KEY (store, resource)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {WORKERS_TABLE} (
+        holder text PRIMARY KEY,
+        stores text[] NOT NULL,         -- the units it runs: (stores[i], resources[i])
+        resources text[] NOT NULL,
+        wants boolean NOT NULL,         -- found no unit to claim, and finished none this round
+        seen_at timestamptz NOT NULL    -- alive while seen within its lease
     )""",
     f"""CREATE TABLE IF NOT EXISTS {INBOX_TABLE} (
         store text NOT NULL,
@@ -134,38 +137,44 @@ _SCHEMA: Final = (
 )
 
 
-def _upsert_sql(resource: str) -> str:
-    # The SQLite sink's rule: newer-or-equal wins, a deleted id never returns.
-    return f"""
-        INSERT INTO {resource} AS t
-            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
-        SELECT %s, %s, %s, %s, %s, %s, %s, now()
-        WHERE NOT EXISTS (
-            SELECT 1 FROM {DELETED_TABLE} d
-            WHERE d.store = %s AND d.resource = '{resource}' AND d.id = %s)
-        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
-        WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
-            OR coalesce(asyncsubs_instant(excluded.updated_at) >= asyncsubs_instant(t.updated_at),
-                        excluded.updated_at >= t.updated_at)"""
-
-
-def _params(store: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
-    columns = record_columns(store, record)
-    # raw as JSONB (written by orjson, every integer exact: a tenth of the standard library's
-    # time per record); the deleted-ids check repeats store and id.
-    return (*columns, Jsonb(record, _json.dumps), columns[0], columns[1])
-
-
 def _jsonb(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+    # Written by orjson, every integer exact: a tenth of the standard library's time per record.
+    return None if value is None else Jsonb(value, _json.dumps)
 
 
-def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, tuple[list[str], list[str]]]:
-    """A condition selecting ``units`` (two arrays, as one parameter each)."""
+_SQL: Final = Statements(
+    Dialect(param="%({})s", instant="asyncsubs_instant({})", now="now()", dump=_jsonb, load=None)
+)
+
+
+def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, dict[str, list[str]]]:
+    """A condition selecting ``units`` (two arrays, as the parameters ``stores``, ``resources``)."""
     return (
-        "(store, resource) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-        ([s for s, _ in units], [r for _, r in units]),
+        "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))",
+        {"stores": [s for s, _ in units], "resources": [r for _, r in units]},
     )
+
+
+def _held(holder: str) -> str:
+    """How many pending units ``holder`` (an SQL expression) holds."""
+    return (
+        f"(SELECT count(*) FROM {UNITS_TABLE} h WHERE h.holder = {holder} AND h.state = 'pending')"
+    )
+
+
+def _owed(below: str) -> str:
+    """Whether a worker is owed the unit ``(u.store, u.resource)`` by this one: alive, wanting
+    a unit (it found none to claim and finished none this round), running that unit and no
+    other free one, and holding fewer than ``below`` (an SQL expression)."""
+    return f"""EXISTS (SELECT 1 FROM {WORKERS_TABLE} w
+        WHERE w.wants AND w.holder <> %(holder)s
+            AND w.seen_at > now() - make_interval(secs => %(lease)s)
+            AND (u.store, u.resource) IN (SELECT * FROM unnest(w.stores, w.resources))
+            AND {_held("w.holder")} < {below}
+            AND NOT EXISTS (SELECT 1 FROM {UNITS_TABLE} f
+                WHERE (f.store, f.resource) IN (SELECT * FROM unnest(w.stores, w.resources))
+                    AND f.state = 'pending' AND (f.holder IS NULL OR f.lease_until < now())
+                    AND (f.store, f.resource) <> (u.store, u.resource)))"""
 
 
 def shown_url(url: str) -> str:
@@ -221,6 +230,8 @@ class PostgresSink(SinkLifetime):
             name="asyncsubs",
         )
         self._listen: psycopg.AsyncConnection[Any] | None = None
+        #: Units this worker finished (done or failed) in the current round.
+        self._finished = 0
 
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
@@ -248,7 +259,34 @@ class PostgresSink(SinkLifetime):
         except (psycopg.Error, PoolTimeout) as exc:
             raise self._error(exc) from None
 
+    async def _reach(self) -> None:
+        """Wait up to ``timeout`` for the server to take one connection (one starting up
+        refuses them for a while); DatabaseError naming the last failure and the wait. The
+        pool would log every failed attempt, then time out without saying why."""
+        loop = asyncio.get_running_loop()
+        start, delay, attempts = loop.time(), 0.25, 0
+        while True:
+            attempts += 1
+            left = self.timeout - (loop.time() - start)
+            try:
+                async with asyncio.timeout(left):
+                    conn = await psycopg.AsyncConnection.connect(self.url)
+            except (psycopg.Error, TimeoutError) as exc:
+                waited = loop.time() - start
+                if waited + delay >= self.timeout:
+                    why = self._error(exc) if isinstance(exc, psycopg.Error) else None
+                    text = str(why) if why else f"database {self.where}: no answer"
+                    raise DatabaseUnavailable(
+                        f"{text} (waited {waited:.1f}s, {attempts} attempts)"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+            else:
+                await conn.close()
+                return
+
     async def open(self) -> None:
+        await self._reach()
         try:
             await self._pool.open(wait=True, timeout=self.timeout)
         except (psycopg.Error, PoolTimeout) as exc:
@@ -270,23 +308,27 @@ class PostgresSink(SinkLifetime):
 
     # -- the Sink interface ---------------------------------------------------------------------
 
-    async def load_state(self, store: str, resource: str) -> UnitState:
-        async with self.transaction() as conn:
-            return await self._load_state(conn, store, resource)
+    async def _one(self, sql: str, params: Any = ()) -> Any:
+        """The first row of one statement, in a transaction of its own."""
+        return next(iter(await self._rows(sql, params)), None)
 
-    @staticmethod
-    async def _load_state(
-        conn: psycopg.AsyncConnection[Any], store: str, resource: str, *, lock: bool = False
-    ) -> UnitState:
-        cur = await conn.execute(
-            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = %s AND resource = %s"
-            + (" FOR UPDATE" if lock else ""),
-            (store, resource),
-        )
-        return UnitState.from_row(await cur.fetchone(), lambda value: value)
+    async def _rows(self, sql: str, params: Any = ()) -> list[Any]:
+        async with self.transaction() as conn:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def _write(self, sql: str, params: Any = ()) -> int:
+        """How many rows one statement, in a transaction of its own, wrote."""
+        async with self.transaction() as conn:
+            return (await conn.execute(sql, params)).rowcount
+
+    async def load_state(self, store: str, resource: str) -> UnitState:
+        row = await self._one(_SQL.load_state, {"store": store, "resource": resource})
+        return UnitState.from_row(row)
 
     async def commit_page(self, w: PageWrite) -> None:
-        rows, page_max = w.rows(_params)
+        rows, page_max = w.rows(_SQL.record)
+        handed = False
         async with self.transaction() as conn:
             # The lease is checked (and renewed) first: its row lock keeps a takeover out
             # until this page and its cursor are committed.
@@ -299,141 +341,144 @@ class PostgresSink(SinkLifetime):
                 raise LeaseLostError(f"{w.store}/{w.resource}")
             if rows:
                 async with conn.cursor() as cursor:
-                    await cursor.executemany(_upsert_sql(w.resource), rows)
-            old = await self._load_state(conn, w.store, w.resource, lock=True)
-            new = w.state_after(old, len(rows), page_max)
-            await conn.execute(
-                f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
-                        run_started_at, run_finished_at, updated_at)
-                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),
-                            CASE WHEN %s THEN now() END, now())
-                    ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
-                        run_started_at = CASE WHEN %s THEN excluded.run_started_at
-                                         ELSE {STATE_TABLE}.run_started_at END""",
-                (
-                    *(w.store, w.resource, new.cursor, new.done, Jsonb(dict(new.run_params))),
-                    *map(_jsonb, (new.run_from, new.next_from, new.seen_max)),
-                    *(new.run_pages, new.run_records, new.done, w.new_run),
-                ),
-            )
+                    await cursor.executemany(_SQL.upsert(w.resource), rows)
+            unit = {"store": w.store, "resource": w.resource}
+            old = await conn.execute(_SQL.load_state + " FOR UPDATE", unit)
+            new = w.state_after(UnitState.from_row(await old.fetchone()), len(rows), page_max)
+            await conn.execute(_SQL.save_state, _SQL.state(w, new))
             if new.done:
                 # The unit is done with its last page: no window in which a crash leaves it
                 # finished but still pending (which would pull it again).
                 await conn.execute(
                     f"UPDATE {UNITS_TABLE} SET state = 'done', holder = NULL, lease_until = NULL"
-                    " WHERE store = %s AND resource = %s",
-                    (w.store, w.resource),
+                    " WHERE store = %(store)s AND resource = %(resource)s",
+                    unit,
                 )
                 await conn.execute(f"NOTIFY {CHANNEL}")
+                self._finished += 1
+            elif await self._hand_over(conn, (w.store, w.resource)):
+                handed = True
+        if handed:
+            raise UnitHandedOver(f"{w.store}/{w.resource}")
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        async with self.transaction() as conn:
-            cur = await conn.execute(_upsert_sql(resource), _params(store, record))
-            return cur.rowcount > 0
+        return await self._write(_SQL.upsert(resource), _SQL.record(store, record)) > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        record_id = text_value(record_id)
+        params = {"store": store, "resource": resource, "id": text_value(record_id)}
         async with self.transaction() as conn:
-            await conn.execute(
-                f"DELETE FROM {resource} WHERE store = %s AND id = %s", (store, record_id)
-            )
-            await conn.execute(
-                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
-                " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
-                (store, resource, record_id),
-            )
+            await conn.execute(_SQL.delete(resource), params)
+            await conn.execute(_SQL.remember_deleted, params)
 
     async def count(self, store: str, resource: str) -> int:
-        async with self.transaction() as conn:
-            cur = await conn.execute(f"SELECT count(*) FROM {resource} WHERE store = %s", (store,))
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
+        row = await self._one(_SQL.count(resource), {"store": store})
+        return int(row[0]) if row else 0
 
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                f"SELECT learned FROM {LEARNED_TABLE} WHERE store = %s", (store,)
-            )
-            row = await cur.fetchone()
-            return None if row is None else dict(row[0])
+        row = await self._one(_SQL.load_learned, {"store": store})
+        return None if row is None else dict(row[0])
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        async with self.transaction() as conn:
-            await conn.execute(
-                f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (%s, %s, now())"
-                f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}",
-                (store, Jsonb(dict(learned))),
-            )
+        await self._write(_SQL.save_learned, {"store": store, "learned": Jsonb(dict(learned))})
 
-    # -- units and leases -------------------------------------------------------------------
+    # -- units and leases (``Leases``) ---------------------------------------------------------
+    #
+    # A worker claims free units while it has room; one that finds none (all held) is a worker
+    # that *wants* one (the workers table). A worker holding two units more than a wanting one
+    # hands it a unit at that unit's next page commit (its cursor committed: nothing is pulled
+    # twice), and does not claim a unit such a worker is owed. So a worker joining a round that
+    # another has taken whole gets its share; a worker that has finished a unit of the round
+    # wants no more (units are not moved back and forth as a round runs out).
+
+    def _params(self, units: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        return {"holder": self.holder, "lease": self.lease, **_in_units(units)[1]}
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
-        """Join the current round of ``units``, or start a new one when every unit of the
-        last is finished (done or failed); True when this call started it (or added units
-        never seen before)."""
-        where, arrays = _in_units(units)
+        self._finished = 0
+        where, params = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
-                " SELECT s, r, 'pending' FROM unnest(%s::text[], %s::text[]) AS u(s, r)"
-                " ON CONFLICT DO NOTHING",
-                arrays,
+                " SELECT s, r, 'pending' FROM unnest(%(stores)s::text[], %(resources)s::text[])"
+                " AS u(s, r) ON CONFLICT DO NOTHING",
+                params,
             )
             added = cur.rowcount > 0
             cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", arrays
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", params
             )
             row = await cur.fetchone()
             if row and row[0]:
                 return added
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", arrays
+                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", params
             )
             return True
 
     async def claim(
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
-        """Take the lease of one pending unit nobody holds (or whose lease expired), preferring
-        stores in ``prefer`` (this worker's clients already pace them); None when there is none.
-        """
-        where, arrays = _in_units(units)
+        # Leaving a worker that has none the units it is owed (see above).
+        where, _ = _in_units(units)
+        params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
-                f"""UPDATE {UNITS_TABLE} u SET holder = %s, claimed_at = now(),
-                        lease_until = now() + make_interval(secs => %s)
-                    FROM (SELECT store, resource FROM {UNITS_TABLE}
+                f"""UPDATE {UNITS_TABLE} t SET holder = %(holder)s, claimed_at = now(),
+                        lease_until = now() + make_interval(secs => %(lease)s)
+                    FROM (SELECT store, resource FROM {UNITS_TABLE} u
                           WHERE {where} AND state = 'pending'
                             AND (holder IS NULL OR lease_until < now())
-                          ORDER BY store = ANY(%s) DESC, store, resource
+                            AND NOT {_owed(_held("%(holder)s"))}
+                          ORDER BY store = ANY(%(prefer)s) DESC, store, resource
                           LIMIT 1 FOR UPDATE SKIP LOCKED) AS free
-                    WHERE u.store = free.store AND u.resource = free.resource
-                    RETURNING u.store, u.resource""",
-                (self.holder, self.lease, *arrays, list(prefer)),
+                    WHERE t.store = free.store AND t.resource = free.resource
+                    RETURNING t.store, t.resource""",
+                params,
             )
             row = await cur.fetchone()
+            await conn.execute(
+                f"""INSERT INTO {WORKERS_TABLE} (holder, stores, resources, wants, seen_at)
+                    VALUES (%(holder)s, %(stores)s, %(resources)s, %(wants)s, now())
+                    ON CONFLICT (holder) DO UPDATE SET stores = excluded.stores,
+                        resources = excluded.resources, wants = excluded.wants, seen_at = now()""",
+                {**params, "wants": row is None and not self._finished},
+            )
             return None if row is None else (row[0], row[1])
 
+    async def _hand_over(self, conn: psycopg.AsyncConnection[Any], unit: tuple[str, str]) -> bool:
+        """Release ``unit`` (a page of it just committed) when a worker is owed it."""
+        cur = await conn.execute(
+            f"""UPDATE {UNITS_TABLE} u SET holder = NULL, lease_until = NULL
+                WHERE store = %(store)s AND resource = %(resource)s
+                    AND {_owed(f"{_held('%(holder)s')} - 1")}""",
+            {**self._params(), "store": unit[0], "resource": unit[1]},
+        )
+        if cur.rowcount:
+            await conn.execute(f"NOTIFY {CHANNEL}")
+        return cur.rowcount > 0
+
     async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The heartbeat: extend every lease this worker holds; those of ``units`` (believed
-        held) that another worker has taken over or that this one no longer holds."""
-        where, arrays = _in_units(units)
+        where, _ = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %s)"
-                " WHERE holder = %s AND state = 'pending'",
-                (self.lease, self.holder),
+                f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %(lease)s)"
+                " WHERE holder = %(holder)s AND state = 'pending'",
+                self._params(),
+            )
+            await conn.execute(
+                f"UPDATE {WORKERS_TABLE} SET seen_at = now() WHERE holder = %(holder)s",
+                self._params(),
             )
             cur = await conn.execute(
                 f"SELECT store, resource FROM {UNITS_TABLE} WHERE {where}"
-                " AND state = 'pending' AND holder IS DISTINCT FROM %s",
-                (*arrays, self.holder),
+                " AND state = 'pending' AND holder IS DISTINCT FROM %(holder)s",
+                self._params(units),
             )
             return [(row[0], row[1]) for row in await cur.fetchall()]
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
-        """Give up the lease of ``unit`` (failed with ``error``: it is not retried this round)."""
+        self._finished += error is not None
         async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
@@ -444,34 +489,28 @@ class PostgresSink(SinkLifetime):
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def release_all(self) -> None:
-        """Give up every lease this worker holds (stopping), so others take them at once.
-        Not for long: after a database error, the leases may as well expire."""
+        # Not for long: after a database error, the leases may as well expire.
         async with self.transaction(timeout=2.0) as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
                 (self.holder,),
             )
+            await conn.execute(f"DELETE FROM {WORKERS_TABLE} WHERE holder = %s", (self.holder,))
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
-        """None when no unit of ``units`` is pending any more; otherwise the seconds until a
-        lease held by another worker may expire (the lease length if only this one holds
-        pending units)."""
-        where, arrays = _in_units(units)
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
-                        (WHERE holder IS DISTINCT FROM %s) - now())
-                    FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
-                (self.holder, *arrays),
-            )
-            row = await cur.fetchone()
+        where, _ = _in_units(units)
+        row = await self._one(
+            f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
+                    (WHERE holder IS DISTINCT FROM %(holder)s) - now())
+                FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
+            self._params(units),
+        )
         if row is None or not row[0]:
             return None
         return self.lease if row[1] is None else max(0.0, float(row[1]))
 
     async def wait_for_release(self, timeout: float) -> None:
-        """Return when a unit is released or finished by any worker, or after ``timeout``."""
         try:
             if self._listen is None:
                 self._listen = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
@@ -500,31 +539,18 @@ class PostgresSink(SinkLifetime):
     async def _has_table(self, name: str) -> bool:
         return bool((await self._read(f"SELECT to_regclass('{name}')"))[0][0])
 
-    async def status(self) -> list[UnitStatus]:
+    async def status(self) -> list[UnitStatus] | None:
         if not await self._has_table(UNITS_TABLE):
-            return []
+            return None
         rows = await self._read(
             f"""SELECT u.store, u.resource, u.state, u.holder,
-                    extract(epoch FROM u.lease_until - now()), s.run_records, s.run_pages,
-                    extract(epoch FROM now() - s.updated_at), u.error
+                    extract(epoch FROM u.lease_until - now())::float8, s.run_records,
+                    s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
                 FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
                     ON s.store = u.store AND s.resource = u.resource
                 ORDER BY u.store, u.resource"""
         )
-        return [
-            UnitStatus(
-                store=r[0],
-                resource=r[1],
-                state=r[2],
-                holder=r[3],
-                lease_left=None if r[4] is None else float(r[4]),
-                records=r[5],
-                pages=r[6],
-                cursor_age=None if r[7] is None else float(r[7]),
-                error=r[8],
-            )
-            for r in rows
-        ]
+        return [UnitStatus(*row) for row in rows]
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         # One pool: an inbox write takes a connection of its own, never waiting for a page.
@@ -549,38 +575,25 @@ class PostgresInbox:
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
-    async def add(self, entry: InboxEntry) -> bool:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (
-                    entry.store,
-                    entry.event_id,
-                    entry.body,
-                    _instant(entry.received_at),
-                    entry.attempts,
-                ),
-            )
-            return cur.rowcount > 0
+    async def add(self, e: InboxEntry) -> bool:
+        added = await self.sink._write(
+            f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+        )
+        return added > 0
 
     async def pending(self, store: str) -> list[InboxEntry]:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
-                " WHERE store = %s ORDER BY received_at, event_id",
-                (store,),
-            )
-            return [
-                InboxEntry(store, row[0], bytes(row[1]), _epoch(row[2]), row[3])
-                for row in await cur.fetchall()
-            ]
+        rows = await self.sink._rows(
+            f"SELECT event_id, body, received_at, attempts FROM {INBOX_TABLE}"
+            " WHERE store = %s ORDER BY received_at, event_id",
+            (store,),
+        )
+        return [InboxEntry(store, r[0], bytes(r[1]), _epoch(r[2]), r[3]) for r in rows]
 
     async def remove(self, store: str, event_id: str) -> None:
-        async with self.sink.transaction() as conn:
-            await conn.execute(
-                f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s", (store, event_id)
-            )
+        sql = f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s"
+        await self.sink._write(sql, (store, event_id))
 
 
 class PostgresDeadLetters:
@@ -589,46 +602,29 @@ class PostgresDeadLetters:
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
-    async def add(self, letter: DeadLetter) -> None:
-        async with self.sink.transaction() as conn:
-            await conn.execute(
-                f"INSERT INTO {DEAD_LETTER_TABLE}"
-                " (event_id, topic, body, error, attempts, failed_at, store)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (
-                    letter.event_id,
-                    letter.topic,
-                    letter.body,
-                    letter.error,
-                    letter.attempts,
-                    _instant(letter.failed_at),
-                    letter.store,
-                ),
-            )
+    async def add(self, x: DeadLetter) -> None:
+        await self.sink._write(
+            f"INSERT INTO {DEAD_LETTER_TABLE}"
+            " (event_id, topic, body, error, attempts, failed_at, store)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
+        )
 
     async def all(self) -> list[DeadLetter]:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                "SELECT event_id, topic, body, error, attempts, failed_at, store"
-                f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
-            )
-            return [
-                DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6])
-                for r in await cur.fetchall()
-            ]
+        rows = await self.sink._rows(
+            "SELECT event_id, topic, body, error, attempts, failed_at, store"
+            f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
+        )
+        return [DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6]) for r in rows]
 
     async def remove(self, event_id: str) -> int:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
-            )
-            return cur.rowcount
+        return await self.sink._write(
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
+        )
 
     async def remove_for_store(self, store: str | None, event_id: str) -> int:
-        async with self.sink.transaction() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
-                " AND store IS NOT DISTINCT FROM %s",
-                (event_id, store),
-            )
-            return cur.rowcount
+        return await self.sink._write(
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
+            " AND store IS NOT DISTINCT FROM %s",
+            (event_id, store),
+        )

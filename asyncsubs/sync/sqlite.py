@@ -4,7 +4,7 @@ Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary
 id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
 ``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_learned``, what each
 store's pools learned of the server; ``asyncsubs_deleted``, the ids deleted by webhooks.
-``sync --listen`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
+A ``ListenSync`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
 ``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a delivery
 never waits for a page's transaction.
 
@@ -26,31 +26,25 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._sqlite import DEFAULT_BUSY_TIMEOUT, connect_sqlite
-from ..errors import ConfigError
 from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
-    DELETED_TABLE,
-    LEARNED_TABLE,
-    LEARNED_UPDATE,
-    RECORD_UPDATE,
-    STATE_COLUMNS,
     STATE_TABLE,
-    STATE_UPDATE,
+    DatabaseConfigError,
     DatabaseError,
     DatabaseUnavailable,
     DeadLetters,
+    Dialect,
     PageWrite,
     SinkLifetime,
+    Statements,
     UnitState,
     UnitStatus,
     json_text,
-    record_columns,
     schema,
     text_value,
 )
@@ -71,32 +65,6 @@ _BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
 
 
-def _upsert_sql(resource: str) -> str:
-    # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
-    # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare as
-    # instants when SQLite can parse them (``Z`` and offsets mix), as text otherwise. Equal
-    # stamps replace: the next (inclusive) incremental pull settles same-second changes.
-    return f"""
-        INSERT INTO {resource}
-            (store, id, status, customer_id, created_at, updated_at, raw, synced_at)
-        SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
-        WHERE NOT EXISTS (
-            SELECT 1 FROM {DELETED_TABLE}
-            WHERE store = ?1 AND resource = '{resource}' AND id = ?2)
-        ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
-        WHERE {resource}.updated_at IS NULL OR excluded.updated_at IS NULL
-            OR coalesce(julianday(excluded.updated_at) >= julianday({resource}.updated_at),
-                        excluded.updated_at >= {resource}.updated_at)"""
-
-
-_SAVE_STATE_SQL: Final = f"""
-    INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS}, run_started_at,
-            run_finished_at, updated_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
-            run_started_at = CASE WHEN ? THEN excluded.run_started_at ELSE run_started_at END"""
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -109,9 +77,9 @@ def _load(value: str | None) -> Any:
     return None if value is None else loads(value)
 
 
-def _row(store: str, record: Mapping[str, Any], now: str) -> tuple[str | None, ...]:
-    """The upsert's parameters for one record (which has an ``id``)."""
-    return (*record_columns(store, record), json_text(record), now)
+_SQL: Final = Statements(
+    Dialect(param=":{}", instant="julianday({})", now=":now", dump=_dump, load=_load)
+)
 
 
 def _holder(fd: int) -> str:
@@ -123,43 +91,59 @@ def _holder(fd: int) -> str:
 
 @contextlib.contextmanager
 def hold_database(db: Path) -> Iterator[None]:
-    """Hold ``db`` for this process for the block; ConfigError (exit 2) naming the holder when
+    """Hold ``db`` for this process for the block; DatabaseConfigError naming the holder when
     another process has it.
 
     Two syncs on one database would resume each other's cursors and share its stores' rate
     limits without knowing it. The lock is the kernel's: it goes with the process however that
-    ends (SIGKILL included), so a stale file never blocks the next run; the file only says who
-    holds it (pid, host, since when). It lies beside the database's real path, symlinks
-    resolved as SQLite resolves them; a hard link is a second name SQLite cannot tell either
-    (its "How To Corrupt An SQLite Database File", 2.4).
+    ends (SIGKILL included), so a file left behind never blocks the next run; the file only
+    says who holds it (pid, host, since when), and is removed on leaving the block. It lies
+    beside the database's real path, symlinks resolved as SQLite resolves them; a hard link is
+    a second name SQLite cannot tell either (its "How To Corrupt An SQLite Database File", 2.4).
     """
     if sys.platform == "win32":  # no flock; one sync per database is then the user's rule
         yield
         return
-    import fcntl
-
     if not db.parent.is_dir():
-        raise ConfigError(f"--db: directory {db.parent} does not exist")
+        raise DatabaseConfigError(f"directory {db.parent} does not exist")
     real = db.resolve()  # one lock however the database is named through symlinks
     path = real.with_name(real.name + LOCK_SUFFIX)
+    fd = _lock(path, db)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ConfigError(f"--db: cannot create {path}: {exc.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"--db: {db} is in use by another asyncsubs command ({_holder(fd)}); run one "
-                "sync per database at a time"
-            ) from None
-        os.ftruncate(fd, 0)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        os.ftruncate(fd, 0)
         os.pwrite(fd, dumps(holder), 0)
         yield
     finally:
+        # Removed while still locked: a process that opened it meanwhile finds, once it has
+        # the lock, that the name no longer leads to its file, and locks the new one.
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)  # releases the lock
+
+
+def _lock(path: Path, db: Path) -> int:
+    """A descriptor of ``path`` holding its lock; DatabaseConfigError when another has it."""
+    import fcntl
+
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DatabaseConfigError(f"cannot create {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise DatabaseConfigError(
+                f"{db} is in use by another asyncsubs command ({holder}); run one sync per "
+                "database at a time"
+            ) from None
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        os.close(fd)  # the file its holder removed on leaving: lock the one there now
 
 
 class SQLiteSink(SinkLifetime):
@@ -248,75 +232,49 @@ class SQLiteSink(SinkLifetime):
         return await self._run(self._load_state, store, resource)
 
     def _load_state(self, store: str, resource: str) -> UnitState:
-        row = self.conn.execute(
-            f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE store = ? AND resource = ?",
-            (store, resource),
-        ).fetchone()
-        return UnitState.from_row(row, _load)
+        row = self.conn.execute(_SQL.load_state, {"store": store, "resource": resource})
+        return UnitState.from_row(row.fetchone(), _load)
 
     async def commit_page(self, write: PageWrite) -> None:
         await self._run(self._commit_page, write)
 
     def _commit_page(self, w: PageWrite) -> None:
-        now = _now()
-        rows, page_max = w.rows(lambda store, record: _row(store, record, now))
+        now = {"now": _now()}
+        rows, page_max = w.rows(lambda store, record: {**_SQL.record(store, record), **now})
         conn = self.conn
         with self._transaction(conn):
-            conn.executemany(_upsert_sql(w.resource), rows)
+            conn.executemany(_SQL.upsert(w.resource), rows)
             new = w.state_after(self._load_state(w.store, w.resource), len(rows), page_max)
-            conn.execute(
-                _SAVE_STATE_SQL,
-                (
-                    *(w.store, w.resource, new.cursor, int(new.done)),
-                    *map(_dump, (dict(new.run_params), new.run_from, new.next_from)),
-                    *(_dump(new.seen_max), new.run_pages, new.run_records),
-                    *(now, now if new.done else None, now, int(w.new_run)),
-                ),
-            )
+            conn.execute(_SQL.save_state, {**_SQL.state(w, new), **now})
 
     async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        return await self._run(self._upsert_record, store, resource, record)
-
-    def _upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
         # One statement: its own transaction in autocommit mode.
-        cursor = self.conn.execute(_upsert_sql(resource), _row(store, record, _now()))
+        params = {**_SQL.record(store, record), "now": _now()}
+        cursor = await self._run(self.conn.execute, _SQL.upsert(resource), params)
         return cursor.rowcount > 0
 
     async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        await self._run(self._delete_record, store, resource, text_value(record_id))
+        params = {"store": store, "resource": resource, "id": text_value(record_id)}
+        await self._run(self._delete_record, resource, {**params, "now": _now()})
 
-    def _delete_record(self, store: str, resource: str, record_id: str) -> None:
-        conn = self.conn
-        with self._transaction(conn):
-            conn.execute(f"DELETE FROM {resource} WHERE store = ? AND id = ?", (store, record_id))
-            conn.execute(
-                f"INSERT INTO {DELETED_TABLE} (store, resource, id, deleted_at)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (store, resource, record_id, _now()),
-            )
+    def _delete_record(self, resource: str, params: dict[str, Any]) -> None:
+        with self._transaction(self.conn):
+            self.conn.execute(_SQL.delete(resource), params)
+            self.conn.execute(_SQL.remember_deleted, params)
+
+    def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return self.conn.execute(sql, params).fetchone()
 
     async def count(self, store: str, resource: str) -> int:
-        return await self._run(self._count, store, resource)
+        return int((await self._run(self._one, _SQL.count(resource), {"store": store}))[0])
 
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        row = await self._run(
-            lambda: self.conn.execute(
-                f"SELECT learned FROM {LEARNED_TABLE} WHERE store = ?", (store,)
-            ).fetchone()
-        )
+        row = await self._run(self._one, _SQL.load_learned, {"store": store})
         return None if row is None else _load(row[0])
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        await self._run(
-            self.conn.execute,
-            f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at) VALUES (?, ?, ?)"
-            f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}",
-            (store, json_text(learned), _now()),
-        )
-
-    def _count(self, store: str, resource: str) -> int:
-        sql = f"SELECT count(*) FROM {resource} WHERE store = ?"
-        return int(self.conn.execute(sql, (store,)).fetchone()[0])
+        params = {"store": store, "learned": json_text(learned), "now": _now()}
+        await self._run(self.conn.execute, _SQL.save_learned, params)
 
     # -- read without opening: sync-status and dead-letters -------------------------------------
 
@@ -324,7 +282,7 @@ class SQLiteSink(SinkLifetime):
         """Rows of ``sql`` from the database opened read-only (no table is created; a missing
         database is a ConfigError)."""
         if not self.path.is_file():
-            raise ConfigError(f"--db: {self.path} does not exist")
+            raise DatabaseConfigError(f"{self.path} does not exist")
         try:
             uri = f"{self.path.resolve().as_uri()}?mode=ro"
             with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
@@ -332,29 +290,16 @@ class SQLiteSink(SinkLifetime):
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from None
 
-    async def status(self) -> list[UnitStatus]:
+    async def status(self) -> list[UnitStatus] | None:
         if not await self._has_table(STATE_TABLE):
-            return []
+            return None
         rows = await asyncio.to_thread(
             self._read,
-            f"SELECT store, resource, done, run_records, run_pages, updated_at FROM {STATE_TABLE}"
-            " ORDER BY store, resource",
+            "SELECT store, resource, CASE WHEN done THEN 'done' ELSE 'pending' END, NULL, NULL,"
+            " run_records, run_pages, (julianday('now') - julianday(updated_at)) * 86400, NULL"
+            f" FROM {STATE_TABLE} ORDER BY store, resource",
         )
-        now = datetime.now(UTC)
-        return [
-            UnitStatus(
-                store=store,
-                resource=resource,
-                state="done" if done else "pending",
-                holder=None,
-                lease_left=None,
-                records=records,
-                pages=pages,
-                cursor_age=(now - datetime.fromisoformat(updated)).total_seconds(),
-                error=None,
-            )
-            for store, resource, done, records, pages, updated in rows
-        ]
+        return [UnitStatus(*row) for row in rows]
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         if self._webhook_stores is None:
