@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from dlt.pipeline.exceptions import PipelineStepFailed
 from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by its name=
 
-from asyncsubs import AuthenticationError, ConfigError, Limits, Rate
+from asyncsubs import AdminClient, AuthenticationError, ConfigError, Limits, Rate
 from asyncsubs.dlt import DeleteLog, Store, subscription_service
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, run_in_process
 from asyncsubs.webhooks import WebhookConfig, WebhookReceiver
@@ -460,3 +460,36 @@ async def test_a_redis_url_paces_every_store_through_redis(
             assert await redis.exists(f"asyncsubs:{{{name}}}:gcra:orders")
     finally:
         await redis.aclose()
+
+
+def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m asyncsubs.dlt --duckdb X`` twice: the fake server listens on a new port each
+    run, and its stores are the same stores all the same (what they learned is theirs by
+    name, kept in the pipeline's state in the database)."""
+    from asyncsubs.dlt._demo import main
+    from asyncsubs.stores import _clients
+
+    made: list[dict[str, Any]] = []  # each client's learned limits, as it was made with them
+
+    def client(**settings: Any) -> AdminClient:
+        made_client = AdminClient(**settings)
+        if settings["telemetry"]:  # not the check of the settings, which sends nothing
+            made.append(settings.get("learned") or {})
+        return made_client
+
+    monkeypatch.setattr(_clients, "AdminClient", client)
+    monkeypatch.setenv("RUNTIME__LOG_LEVEL", "ERROR")
+    args = ["--duckdb", str(tmp_path / "demo.duckdb"), "--stores", "1", "--records", "250"]
+    assert main(args) == 0
+    assert "probed for them" in capsys.readouterr().out
+    assert made == [{}]
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    (learned,) = made[1:]
+    assert learned["store"] == "store-1"
+    # The page size the first run found is where the second began: no probing.
+    assert {p["page_size"] for p in learned["pools"].values()} == {100}
+    assert "started from what the last run learned (1 of 1 stores" in second
+    assert "0 x 429" in second

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from ..errors import ConfigError
-from ..sync import parse_rate
+from ..stores import parse_rate
 from ._display import DEFAULT_INTERVAL, Mode, choose_mode, show_progress
 from ._output import Output
 from ._progress import Progress
@@ -31,6 +31,7 @@ __all__ = [
     "EXIT_USAGE",
     "Parser",
     "Runner",
+    "USER_AGENT",
     "event_loop_factory",
     "non_negative_int",
     "output_options",
@@ -38,6 +39,9 @@ __all__ = [
     "positive_int",
     "rate",
 ]
+
+#: What the command line's clients say they are, before the library's own user agent.
+USER_AGENT: Final = "asyncsubs-cli"
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1

@@ -34,6 +34,7 @@ from ..sync import (
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    USER_AGENT,
     CommandFailed,
     Runner,
     positive_float,
@@ -153,7 +154,9 @@ def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runn
     async def sync() -> None:
         async with (
             sink,
-            SyncEngine(configs, sink, runner.progress, max_stores=args.max_stores) as e,
+            SyncEngine(
+                configs, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
+            ) as e,
         ):
             await run_round(e)
 

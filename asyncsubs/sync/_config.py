@@ -10,7 +10,7 @@ secrets by the environment variables it names (never echoed). With ``--listen``,
 ``webhook_*`` keys make its ``WebhookConfig``, and ``resolve_store_binding`` refuses stores that
 share a webhook secret without a way to tell their deliveries apart.
 
-``load_config(path, env)`` returns one ``StoreConfig`` per store or raises ``ConfigFileError``,
+``load_config(path, env)`` returns one ``Store`` per store or raises ``ConfigFileError``,
 whose ``problems`` are one line each, named by the key as written in the file
 (``stores.acme.limits.heavy.orders: ...``), each problem once, in the file's order.
 """
@@ -31,28 +31,21 @@ from cattrs.gen import make_dict_structure_fn, override
 from .. import Limits, Rate, RetryPolicy
 from .._converter import converter
 from ..errors import ConfigError
-from ..settings import DEFAULT_VERSION, check_token, check_version, versioned_base
+from ..settings import DEFAULT_VERSION, check_token, check_version
+from ..stores import (
+    DEFAULT_PAGE_SIZE,
+    LISTEN_INCREMENTAL,
+    RESOURCES,
+    Incremental,
+    Store,
+    check_base_url,
+    check_redis_url,
+    parse_rate,
+)
 from ..webhooks import WebhookConfig, resolve_store_binding
-from ._sink import RESOURCES
 
-__all__ = [
-    "ConfigFileError",
-    "DEFAULT_PAGE_SIZE",
-    "Incremental",
-    "LISTEN_INCREMENTAL",
-    "StoreConfig",
-    "check_base_url",
-    "check_redis_url",
-    "load_config",
-    "parse_rate",
-]
+__all__ = ["ConfigFileError", "load_config"]
 
-#: Records per request unless configured: the largest page the server serves, learned while
-#: pulling (the interface names no maximum). The heavy list pools allow a few requests a second,
-#: so records per request is what makes a pull fast.
-DEFAULT_PAGE_SIZE: Final = "max"
-_RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
-_RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -84,88 +77,6 @@ class ConfigFileError(ConfigError):
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = tuple(problems)
-
-
-@attrs.frozen
-class Incremental:
-    """Incremental pulls: pass ``param`` = a high-water value of record field ``field``."""
-
-    param: str
-    field: str
-
-
-#: The filter ``sync --listen`` reconciles with where a resource configures none: the fake
-#: server's name (the interface does not name one; configure ``incremental.<resource>``).
-LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
-
-
-@attrs.frozen
-class StoreConfig:
-    """Everything needed to sync one store."""
-
-    store: str
-    base_url: str
-    token: str = attrs.field(repr=False)
-    token_env: str = ""
-    resources: tuple[str, ...] = RESOURCES
-    #: Records per request: a fixed number, or ``"max"`` (learned; the default).
-    page_size: int | Literal["max"] = DEFAULT_PAGE_SIZE
-    #: Heavy pools not given a rate discover theirs (``Limits(discover=True)``).
-    limits: Limits = attrs.Factory(lambda: Limits(discover=True))
-    retry: RetryPolicy = attrs.Factory(RetryPolicy)
-    timeout: float = 30.0
-    #: The interface version in the path.
-    version: str = DEFAULT_VERSION
-    allow_insecure: bool = False
-    incremental: Mapping[str, Incremental] = attrs.Factory(dict)
-    #: The store's webhook receiver (only with ``--listen``: its secrets read from the
-    #: environment, its store binding resolved), and the variable its secret came from.
-    webhook: WebhookConfig | None = None
-    webhook_secret_env: str = ""
-    #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
-    #: budget shared by every worker. May hold a password, hence no repr.
-    redis: str | None = attrs.field(default=None, repr=False)
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-def parse_rate(value: object) -> Rate:
-    """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
-    (naming no internal field) otherwise. ``Rate`` checks the numbers."""
-    if isinstance(value, Rate):
-        return value
-    n: object
-    per: object = 1.0
-    if isinstance(value, str):
-        match = _RATE_RE.match(value)
-        if match is None:
-            raise ConfigError(f"{_RATE_HINT}, got {value!r}")
-        n, per = int(match[1]), float(match[2] or 1.0)
-    elif isinstance(value, Mapping):
-        # Both keys, always: a table missing one is more likely a typo than a default.
-        if set(value) != {"n", "per"}:
-            raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
-        n, per = value["n"], value["per"]
-    else:
-        n = value
-    try:
-        return Rate(n, per=per)  # type: ignore[arg-type]
-    except ConfigError as exc:  # Rate's own checks, said in the file's terms
-        what = (
-            "a period of seconds > 0"
-            if "Rate.per" in str(exc)
-            else "a whole number of requests >= 1"
-        )
-        raise ConfigError(f"a rate needs {what}, got {value!r}") from None
-
-
-def check_redis_url(url: object, *, where: str) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
-    it may hold a password)."""
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"{where}: expected a redis://, rediss:// or unix:// URL")
-    return url
 
 
 def _resources(value: object) -> tuple[str, ...]:
@@ -543,7 +454,7 @@ def _store(
     problems: list[str],
     *,
     listen: bool,
-) -> StoreConfig | None:
+) -> Store | None:
     """One store's config from its own keys over ``defaults``; None when anything about it is
     wrong (each problem reported under the key the user has to change)."""
     where = ("stores", store_id)
@@ -575,8 +486,8 @@ def _store(
     incremental = dict(values.get("incremental", {}))
     if listen:  # reconciliation pulls are incremental: every resource needs a filter
         incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
-    return StoreConfig(
-        store=store_id,
+    return Store(
+        name=store_id,
         base_url=own.base_url or "",
         token=token,
         token_env=own.token_env or "",
@@ -675,8 +586,8 @@ def _unselected_webhook(
 
 
 def _bind(
-    configs: list[StoreConfig], others: Mapping[str, WebhookConfig], problems: list[str]
-) -> list[StoreConfig]:
+    configs: list[Store], others: Mapping[str, WebhookConfig], problems: list[str]
+) -> list[Store]:
     """``configs`` with their webhook binding said by ``resolve_store_binding``, from the secrets
     of every store of the file (``others``: those ``--store`` left out); stores that share a
     secret without distinct ``webhook_store_id`` values are one problem naming the keys."""
@@ -696,15 +607,6 @@ def _bind(
     return [attrs.evolve(c, webhook=bound.get(c.store, c.webhook)) for c in configs]
 
 
-def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
-    """``url`` checked as the client checks it (ConfigError), a plain-http one naming how the
-    caller allows it (``insecure_hint``: a flag or a config key)."""
-    hint = f"{insecure_hint} on a trusted network"
-    versioned_base(url, version, allow_insecure=allow_insecure, insecure_hint=hint)  # type: ignore[arg-type]
-    assert isinstance(url, str)
-    return url
-
-
 def _token(token: str, name: str) -> str:
     try:
         return check_token(token)
@@ -719,7 +621,7 @@ def load_config(
     resources: Iterable[str] | None = None,
     only_stores: Iterable[str] | None = None,
     listen: bool = False,
-) -> list[StoreConfig]:
+) -> list[Store]:
     """Read and check ``path``; ConfigFileError listing every problem, one line each, named
     by its key (``stores.acme.limits.heavy.orders``).
 

@@ -36,6 +36,15 @@ from aiohttp import web
 
 from ..errors import ConfigError
 from ..json import dumps
+from ..stores import (
+    DEFAULT_MAX_STORES,
+    Message,
+    Observer,
+    WebhookCounts,
+    WebhookRefused,
+    describe_error,
+)
+from ..stores import Store as StoreConfig
 from ..webhooks import (
     DeliveryRefused,
     Handler,
@@ -47,9 +56,7 @@ from ..webhooks import (
     WebhookReceiver,
     resolve_store_binding,
 )
-from ._config import StoreConfig
-from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
-from ._events import Message, Observer, WebhookCounts, WebhookRefused
+from ._engine import SyncEngine
 from ._schedulers import run_round
 from ._sink import Sink
 
