@@ -23,6 +23,7 @@ from ._output import Output
 from ._progress import Progress
 
 __all__ = [
+    "CONFIG_FLAGS",
     "CommandFailed",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
@@ -42,6 +43,9 @@ __all__ = [
 
 #: What the command line's clients say they are, before the library's own user agent.
 USER_AGENT: Final = "asyncsubs-cli"
+
+#: The flags that set ``load_config``'s parameters, to name them in its messages.
+CONFIG_FLAGS: Final = {"resources": "--resources", "only_stores": "--store", "listen": "--listen"}
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1

@@ -32,6 +32,7 @@ from ..sync import (
     sink_for,
 )
 from ._common import (
+    CONFIG_FLAGS,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     USER_AGENT,
@@ -138,6 +139,7 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
         resources=_resource_list(args.resources),
         only_stores=args.store,
         listen=args.listen is not None,
+        names=CONFIG_FLAGS,
     )
     if redis is not None:
         configs = [attrs.evolve(config, redis=redis) for config in configs]

@@ -1,20 +1,18 @@
-"""The stores a source pulls: ``Store``, from arguments, from dlt's config and secrets, or from
-the ``stores.toml`` that ``asyncsubs sync`` reads (``_stores_from_file``, through
-``asyncsubs.sync.load_config``)."""
+"""The stores a source pulls, from its arguments: ``Store``s, dlt's config and secrets
+(``stores_from_tables``), one ``base_url`` with its token, or the ``stores.toml`` that
+``asyncsubs sync`` reads (``load_config``); ``asyncsubs.stores`` reads each."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
 
 from .._client import store_fingerprint
 from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, versioned_base
-from ..stores import RESOURCES, Store
+from ..stores import RESOURCES, Store, incremental_filters, load_config, stores_from_tables
 from ..stores import Incremental as IncrementalFilter
-from ..sync import load_config
 
 __all__ = [
     "RESOURCES",
@@ -24,47 +22,6 @@ __all__ = [
     "stores_from_file",
     "stores_from_settings",
 ]
-
-
-def incremental_filters(value: object, where: str) -> dict[str, IncrementalFilter]:
-    """``{resource: IncrementalFilter}`` from filters or ``{param, field}`` tables (``where``
-    names the setting in messages)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f'{where}: expected resource = {{ param = "...", field = "..." }}')
-    filters = {}
-    for resource, spec in value.items():
-        if isinstance(spec, IncrementalFilter):
-            filters[resource] = spec
-        elif isinstance(spec, Mapping) and set(spec) == {"param", "field"}:
-            filters[resource] = IncrementalFilter(param=spec["param"], field=spec["field"])
-        else:
-            raise ConfigError(f'{where}.{resource}: expected {{ param = "...", field = "..." }}')
-    return filters
-
-
-_STORE_KEYS: Final = frozenset(
-    {"base_url", "token", "page_size", "timeout", "version", "allow_insecure", "resources", "redis"}
-)
-
-
-def _store_from_table(name: str, table: object) -> Store:
-    """A store of the ``stores`` table of dlt's config (``.dlt/secrets.toml``)."""
-    where = f"stores.{name}"
-    if isinstance(table, Store):
-        return table
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: expected a table with base_url and token")
-    unknown = sorted(set(table) - _STORE_KEYS - {"incremental"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(_STORE_KEYS)})")
-    for key in ("base_url", "token"):
-        if not table.get(key):
-            raise ConfigError(f"{where}.{key} is required")
-    kwargs = {key: table[key] for key in _STORE_KEYS if key in table}
-    filters = incremental_filters(table.get("incremental"), where)
-    return Store(name=name, incremental=filters, **kwargs)
 
 
 def stores_from_settings(
@@ -107,7 +64,9 @@ def stores_from_settings(
     if isinstance(stores, Store):
         return [stores]
     if isinstance(stores, Mapping):
-        found = [_store_from_table(str(name), table) for name, table in stores.items()]
+        own = {name: table for name, table in stores.items() if not isinstance(table, Store)}
+        tables = iter(stores_from_tables(own) if own else ())
+        found = [t if isinstance(t, Store) else next(tables) for t in stores.values()]
     elif isinstance(stores, Sequence) and not isinstance(stores, str | bytes):
         found = list(stores)
         if not all(isinstance(s, Store) for s in found):
@@ -125,4 +84,5 @@ def stores_from_settings(
 def stores_from_file(path: str | os.PathLike[str]) -> list[Store]:
     """The stores of a ``stores.toml`` as ``asyncsubs sync`` reads it (tokens from the
     environment variables it names); ConfigError listing every problem otherwise."""
-    return load_config(Path(path), os.environ)
+    stores: list[Store] = load_config(Path(path), os.environ)
+    return stores

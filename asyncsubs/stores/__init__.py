@@ -1,7 +1,7 @@
 """The store runtime: what every door (``pull``, ``sync``, the dlt source) stands on.
 
 - ``_store``: ``Store``, what a store is (one frozen class), and ``Incremental``;
-- ``_file``: a ``stores.toml`` read and checked into ``Store``s (``load_config``);
+- ``_config``: a ``stores.toml`` (or dlt's tables) read and checked into ``Store``s;
 - ``_learned``: ``LearnedStore``, where what a store's pools learned is kept between runs;
 - ``_clients``: ``StoreClients``, the one place that makes a store's ``AdminClient``;
 - ``_units``: ``pull_unit``, one ``(store, resource)`` pulled page by page, with its events.
@@ -11,6 +11,7 @@ scheduler, leases and listener, the dlt source its rows, hints and state.
 """
 
 from ._clients import StoreClients
+from ._config import ConfigFileError, incremental_filters, load_config, stores_from_tables
 from ._events import (
     Event,
     Message,
@@ -42,6 +43,7 @@ from ._store import (
 from ._units import Unit, clamped_page_note, describe_error
 
 __all__ = [
+    "ConfigFileError",
     "DEFAULT_MAX_STORES",
     "DEFAULT_PAGE_SIZE",
     "Event",
@@ -71,6 +73,9 @@ __all__ = [
     "check_base_url",
     "check_redis_url",
     "clamped_page_note",
+    "incremental_filters",
+    "load_config",
     "describe_error",
     "parse_rate",
+    "stores_from_tables",
 ]

@@ -12,9 +12,9 @@
 
 The parts, in the order one synced page passes them:
 
-- ``_config``: ``stores.toml`` read and checked (``load_config``), one ``Store`` a store;
+- ``asyncsubs.stores``: the stores (``load_config``), their clients, a unit's pull;
 - ``_engine``: ``SyncEngine.pull`` runs one unit, a ``(store, resource)``, page by page, each
-  page committed with its cursor; it tells an observer what happens (``_events``);
+  page committed with its cursor; it tells an observer what happens;
 - ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
   through the sink's leases;
 - ``_sink``: the ``Sink`` protocol and the rules both sinks keep; ``sqlite`` and ``postgres``
@@ -30,6 +30,7 @@ from ..stores import (
     DEFAULT_MAX_STORES,
     DEFAULT_PAGE_SIZE,
     LISTEN_INCREMENTAL,
+    ConfigFileError,
     Event,
     Incremental,
     Message,
@@ -49,10 +50,10 @@ from ..stores import (
     check_redis_url,
     clamped_page_note,
     describe_error,
+    load_config,
     parse_rate,
 )
 from ..stores import Store as StoreConfig
-from ._config import ConfigFileError, load_config
 from ._engine import SyncEngine
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import sink_for
