@@ -12,12 +12,23 @@ runs at the rate the server allows. Three pulls of everything, one after the oth
 
 Target: the source's extract runs at >= 0.9 of the client alone's records/s. The end-to-end
 figures (into DuckDB, into SQLite) are printed against the server's allowed rate.
+
+Then everything after the extract, with a server that limits nothing (3 stores x 3 resources x
+2,000 records, pages of 250): the same pipeline into DuckDB by dlt's default path for DuckDB
+(``insert_values``), by the source's (parquet), and by parquet with dlt's normalize in one
+process per core (``NORMALIZE__WORKERS``, docs/dlt.md). Each path runs in a process of its own,
+so its peak RSS is its own. Targets: the source's path >= 3x dlt's default path end to end
+(records/s), the peak RSS of each printed beside it; and the dlt demo (``python -m
+asyncsubs.dlt``, 18,000 records with discovery) peaks at <= 400 MB in its largest process.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -36,6 +47,10 @@ RESOURCES = ("subscriptions", "customers", "orders")
 HEAVY = dict.fromkeys(RESOURCES, Rate(2))
 PAGE = 250
 TARGET = 0.9
+#: The source's path end to end against dlt's default one.
+END_TO_END_TARGET = 3.0
+#: The dlt demo's peak resident memory, in its largest process.
+DEMO_PEAK_TARGET_MB = 400
 
 
 def _limits() -> Limits:
@@ -158,3 +173,122 @@ def bench(report: Report) -> None:
     )
     report.check("dlt extract / client alone, records/s", rows[1][3] / rows[0][3], ">=", TARGET)
     report.check("429s in the dlt source's pull", rows[1][4], "==", 0, fmt="{:.0f}")
+    bench_end_to_end(report)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: what follows the extract
+
+
+def _one_path(base_url: str, tokens: dict[str, str], file_format: str | None, tmp: str) -> None:
+    """One pipeline run into DuckDB, in this process: prints its phases and peak RSS as JSON."""
+    import dlt
+
+    from asyncsubs.dlt import Store, subscription_service
+
+    fast = Limits(global_rate=Rate(10_000), heavy=dict.fromkeys(RESOURCES, Rate(10_000)))
+    stores = [
+        Store(name=name, base_url=base_url, token=token, limits=fast, page_size=PAGE)
+        for name, token in tokens.items()
+    ]
+    pipeline = dlt.pipeline(
+        pipeline_name="bench_dlt_path",
+        destination=dlt.destinations.duckdb(str(Path(tmp) / "bench.duckdb")),
+        pipelines_dir=str(Path(tmp) / "pipelines"),
+        dataset_name="subs",
+    )
+    t0 = time.perf_counter()
+    pipeline.extract(subscription_service(stores=stores), loader_file_format=file_format)
+    t1 = time.perf_counter()
+    pipeline.normalize()
+    t2 = time.perf_counter()
+    pipeline.load()
+    t3 = time.perf_counter()
+    with pipeline.sql_client() as sql:
+        loaded = sum(sql.execute_sql(f"SELECT count(*) FROM {r}")[0][0] for r in RESOURCES)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    phases = {"extract": t1 - t0, "normalize": t2 - t1, "load": t3 - t2}
+    print(json.dumps({"records": loaded, "peak": peak, **phases}))
+
+
+def _path(base_url: str, tokens: dict[str, str], file_format: str | None, workers: int) -> Any:
+    env = {**os.environ, "NORMALIZE__WORKERS": str(workers)}
+    with tempfile.TemporaryDirectory(prefix="asyncsubs-bench-dlt-path-") as tmp:
+        command = [sys.executable, "-m", "benchmarks.dlt_source", "--path", tmp]
+        command += ["--base-url", base_url, "--tokens", json.dumps(tokens)]
+        command += ["--file-format", file_format or "source"]
+        out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_end_to_end(report: Report) -> None:
+    records = 500 if report.quick else 2_000
+    names = [f"e2e-{i}" for i in range(3)]
+    total = len(names) * len(RESOURCES) * records
+    cores = os.cpu_count() or 1
+    report.say(
+        f"  end to end: {len(names)} stores x 3 resources x {records:,} records from a server "
+        "that limits nothing, into DuckDB; each path in a process of its own"
+    )
+    paths = [
+        ("dlt's default (insert_values)", "insert_values", 1),
+        ("the source's (parquet)", None, 1),
+        (f"parquet, normalize workers={cores}", None, cores),
+    ]
+    rows = []
+    configs = [FakeStoreConfig(n, records=records) for n in names]
+    with remote_server(
+        stores=configs, make_records=True, max_page_size=PAGE, rate_limits=None
+    ) as remote:
+        for label, file_format, workers in paths:
+            got = _path(remote.base_url, dict(remote.tokens), file_format, workers)
+            assert got["records"] == total, (label, got)
+            seconds = got["extract"] + got["normalize"] + got["load"]
+            rows.append((label, got, seconds, total / seconds))
+    report.table(
+        ["path", "extract s", "normalize s", "load s", "records/s", "peak RSS"],
+        [
+            (
+                label,
+                f"{got['extract']:.1f}",
+                f"{got['normalize']:.1f}",
+                f"{got['load']:.1f}",
+                f"{rate:,.0f}",
+                f"{got['peak'] / 2**20:,.0f} MB",
+            )
+            for label, got, _, rate in rows
+        ],
+    )
+    report.say(
+        "  against dlt's default: "
+        + "; ".join(f"{label} {rate / rows[0][3]:.2f}x" for label, _, _, rate in rows[1:])
+    )
+    report.check(
+        "end to end, the source's path / dlt's default, records/s",
+        rows[1][3] / rows[0][3],
+        ">=",
+        END_TO_END_TARGET,
+    )
+    # The demo's largest process, measured from a process that runs nothing else.
+    measure = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-m', 'asyncsubs.dlt'], check=True,"
+        " stdout=subprocess.DEVNULL)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", measure], check=True, capture_output=True)
+    peak_mb = int(out.stdout.split()[-1]) / 1024
+    report.check("dlt demo's peak RSS, MB", peak_mb, "<=", DEMO_PEAK_TARGET_MB, fmt="{:.0f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="one end-to-end path (bench_end_to_end's child)")
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--tokens", required=True)
+    parser.add_argument("--file-format", required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
+    os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
+    chosen = None if args.file_format == "source" else args.file_format
+    _one_path(args.base_url, json.loads(args.tokens), chosen, args.path)

@@ -493,3 +493,32 @@ def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
     assert {p["page_size"] for p in learned["pools"].values()} == {100}
     assert "started from what the last run learned (1 of 1 stores" in second
     assert "0 x 429" in second
+
+
+async def test_loads_go_through_parquet_unless_the_pipeline_says_otherwise(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    def formats(info: Any) -> set[str]:
+        """The formats of the files that carried rows (not the merge's SQL, nor dlt's tables)."""
+        jobs = info.load_packages[0].jobs["completed_jobs"]
+        found = {job.job_file_info for job in jobs if "_dlt" not in job.file_path}
+        return {f.file_format for f in found} - {"sql"}
+
+    def pipeline_at(name: str) -> dlt.Pipeline:
+        return dlt.pipeline(
+            pipeline_name=f"{name}_{uuid.uuid4().hex[:8]}",
+            destination=dlt.destinations.duckdb(str(tmp_path / f"{name}.duckdb")),
+            pipelines_dir=str(tmp_path / "pipelines"),
+            dataset_name="subs",
+        )
+
+    stores = stores_of(server)[:1]
+    parquet = pipeline_at("parquet")
+    assert formats(await run(parquet, subscription_service(stores=stores))) == {"parquet"}
+    chosen = pipeline_at("chosen")
+    source = subscription_service(stores=stores)
+    info = await asyncio.to_thread(chosen.run, source, loader_file_format="insert_values")
+    assert formats(info) == {"insert_values"}
+    # The same rows either way.
+    for resource in RESOURCES:
+        assert loaded(parquet, resource) == loaded(chosen, resource)

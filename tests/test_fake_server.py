@@ -28,6 +28,7 @@ from asyncsubs.testing import (
     FakeAdminServer,
     FakeStoreConfig,
     Faults,
+    Reviser,
     ServerRateLimits,
     run_in_process,
 )
@@ -248,6 +249,37 @@ async def test_cursor_survives_new_records_and_restart(session: aiohttp.ClientSe
         assert again.store("acme").token == server.store("acme").token
         reply = await call(session, again, "orders", afterCursor=cursor, pageSize=5)
     assert reply.json["data"] == rest[:5]
+
+
+async def test_lists_by_change_serve_a_record_changed_mid_pull_again(
+    session: aiohttp.ClientSession,
+) -> None:
+    reviser = Reviser(per_page=2)
+    async with unlimited(records=30, list_order="changed", before_page=reviser) as server:
+        served, pages = await walk(session, server, "subscriptions", pageSize=10)
+        reviser.enabled = False
+        stamps = [(r["updatedAt"], r["id"]) for r in served]
+        ids = [r["id"] for r in served]
+        final = {r["id"]: r for r in server.records("acme", "subscriptions")}
+        # A cursor of one list order is refused by a server of the other, not misread.
+        first = await call(session, server, "subscriptions", pageSize=10)
+        async with unlimited(records=30) as by_id:
+            cursor = first.json["pageInfo"]["nextCursor"]
+            refused = await call(session, by_id, "subscriptions", afterCursor=cursor)
+    assert refused.status == 400
+    assert refused.code == "INVALID_CURSOR"
+    # In change order, then id; every change moved its record to the end, served again there.
+    assert stamps == sorted(stamps)
+    twice = {i for i in ids if ids.count(i) > 1}
+    assert twice, "records changed mid-pull are served twice"
+    assert set(ids) == set(final)
+    for record_id in twice:
+        versions = [r for r in served if r["id"] == record_id]
+        assert [v.get("revision", 0) for v in versions] == sorted(
+            v.get("revision", 0) for v in versions
+        )  # old version first
+        assert versions[-1] == final[record_id]  # the last served is the server's now
+    assert pages == -(-len(served) // 10)
 
 
 async def test_status_filter(session: aiohttp.ClientSession) -> None:

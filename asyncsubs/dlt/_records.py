@@ -1,4 +1,13 @@
-"""Records as dlt receives them: exactly as the server sent them, plus their ``store``.
+"""Records as dlt receives them: exactly as the server sent them, plus their ``store`` and the
+order they were served in.
+
+A server that lists by modification time serves a record changed during a pull twice in one run,
+its old version first, and dlt's merge keeps an arbitrary row per key of one load unless a
+column orders them. The newest version wins, as in the sinks of ``asyncsubs sync``: ``Served``
+numbers every row in the order it was received (``SEQ_COLUMN``, hinted ``dedup_sort: desc``, so
+the merge keeps the last one served, child rows with it), and where the resource has an
+incremental field it drops a version older by that field than one the run already yielded, so
+the last served is also the newest.
 
 The client decodes integers of any size exactly, but dlt writes what a resource yields with
 orjson, which refuses integers beyond 64 bits ("Integer exceeds 64-bit range"). Such integers
@@ -9,16 +18,20 @@ loaded into a ``wei`` column (DuckDB ``DECIMAL(38,0)``, PostgreSQL ``NUMERIC``, 
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Iterable
 from typing import Any, Final
 
 import orjson
 from dlt.common.wei import Wei
 
-__all__ = ["STORE_COLUMN", "exact", "rows"]
+__all__ = ["SEQ_COLUMN", "STORE_COLUMN", "Served", "exact", "rows"]
 
 #: The column naming each record's store: half of the primary key (``store``, ``id``).
 STORE_COLUMN: Final = "store"
+#: The column numbering rows in the order the source received them (larger: served later).
+SEQ_COLUMN: Final = "asyncsubs_seq"
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
@@ -43,3 +56,69 @@ def rows(store: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     except TypeError:  # an integer beyond 64 bits somewhere: the only value orjson refuses
         page = [exact(record) for record in page]
     return page
+
+
+def _instant(value: str) -> datetime.datetime | None:
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
+
+
+def older(a: Any, b: Any) -> bool:
+    """Whether incremental value ``a`` is older than ``b``: numbers as numbers, timestamps as
+    instants, other strings as strings; values that do not compare are not (the later served
+    wins, as in the sinks)."""
+    if isinstance(a, str) and isinstance(b, str):
+        first, second = _instant(a), _instant(b)
+        if first is not None and second is not None:
+            return first < second
+        return a < b
+    if _number(a) and _number(b):
+        return bool(a < b)
+    return False
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class Served:
+    """The rows of one resource's run, numbered in the order they were served.
+
+    ``field``: the resource's incremental field, by which a version older than one already
+    yielded for the same (store, id) is dropped (it keeps one value per record the run
+    received). The numbers start at the run's start in nanoseconds, so they also grow from one
+    run to the next.
+    """
+
+    def __init__(self, field: str | None = None) -> None:
+        self._field = field
+        self._next = time.time_ns()
+        self._newest: dict[tuple[str, str], Any] = {}
+        #: Versions dropped because the run had already yielded a newer one.
+        self.dropped = 0
+
+    def _newer_or_equal(self, store: str, record: dict[str, Any]) -> bool:
+        key = (store, str(record["id"]))
+        value = record.get(self._field) if self._field is not None else None
+        if key in self._newest and older(value, self._newest[key]):
+            self.dropped += 1
+            return False
+        self._newest[key] = value
+        return True
+
+    def rows(self, store: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One page's records for dlt (see ``rows``), numbered; older versions left out."""
+        if self._field is not None:
+            records = [r for r in records if self._newer_or_equal(store, r)]
+        page = rows(store, records)
+        self.number(page)
+        return page
+
+    def number(self, page: list[dict[str, Any]]) -> None:
+        """Number rows the source made itself (deletes) in their turn."""
+        for offset, row in enumerate(page):
+            row[SEQ_COLUMN] = self._next + offset
+        self._next += len(page)

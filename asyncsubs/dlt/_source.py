@@ -2,14 +2,16 @@
 
 Each resource is an async generator. dlt runs all of them on one event loop of its own (the
 package's docstring says how), where they share one ``AdminClient`` per store
-(``StoreClients``). A resource pulls every store that serves its endpoint concurrently, one
+(``SourceClients``). A resource pulls every store that serves its endpoint concurrently, one
 task each, and yields each page as it arrives: a whole page per item, records as sent plus
 their ``store``.
 """
 
 import asyncio
 import datetime
+import importlib.util
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
@@ -23,7 +25,7 @@ from .. import Page
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..stores import Unit, check_redis_url
 from ._deletes import DELETED_COLUMN, DeleteLog
-from ._records import STORE_COLUMN, rows
+from ._records import SEQ_COLUMN, STORE_COLUMN, Served
 from ._session import DEFAULT_MAX_STORES, SourceClients, StoreSlots
 from ._stores import RESOURCES, IncrementalFilter, Store, incremental_filters, stores_from_settings
 
@@ -38,14 +40,21 @@ log = logging.getLogger("asyncsubs.dlt")
 #: lag says so in a WARNING. The rows reached again are merged on their key: no duplicates.
 DEFAULT_LAG: Final = 3600.0
 _WRITE_DISPOSITIONS: Final = ("merge", "replace")
+#: Load through parquet where the destination takes it: into DuckDB a load of 18,000 records
+#: takes 0.8 s instead of 9.4 s and peaks at a fifth of the memory (benchmarks/README.md, dlt).
+#: dlt writes parquet with pyarrow (in the ``dlt`` extra); a destination that takes no parquet
+#: gets its default format, with dlt's warning; ``pipeline.run(loader_file_format=...)`` wins.
+_PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
 
 
 def _columns(deletes: bool) -> dict[str, Any]:
-    # The two columns every row holds. The id is text: the one type every id fits exactly (ints
-    # beyond 64 bits, strings), and stable across stores and runs.
+    # The columns every row holds. The id is text: the one type every id fits exactly (ints
+    # beyond 64 bits, strings), and stable across stores and runs. The serve order decides
+    # which version of a record served twice in one load the merge keeps (``Served``).
     columns: dict[str, Any] = {
         STORE_COLUMN: {"data_type": "text", "nullable": False},
         "id": {"data_type": "text", "nullable": False},
+        SEQ_COLUMN: {"data_type": "bigint", "nullable": False, "dedup_sort": "desc"},
     }
     if deletes:
         columns[DELETED_COLUMN] = {"data_type": "bool", "hard_delete": True}
@@ -130,10 +139,15 @@ def _resource(
 
     # One generator function for both kinds: dlt binds an incremental given as the default of
     # an argument annotated with it, and passes None where the default is None.
+    # No boundary de-duplication (primary_key=()): dlt's drops a record pulled again at the
+    # high-water mark as already seen even when it changed again within that instant; the merge
+    # on (store, id) de-duplicates instead, keeping the newest.
     default: Incremental[Any] | None = (
         None
         if incremental is None
-        else dlt.sources.incremental(incremental.field, lag=lag, on_cursor_value_missing="include")
+        else dlt.sources.incremental(
+            incremental.field, lag=lag, primary_key=(), on_cursor_value_missing="include"
+        )
     )
 
     async def pull(
@@ -144,12 +158,15 @@ def _resource(
         state = dlt.current.resource_state(name)
         learned = dlt.current.source_state().setdefault("learned", {})
         started = time.monotonic()
+        served = Served(None if incremental is None else incremental.field)
         drop: set[tuple[str, str]] = set()
         last_seq = seq = int(state.get("deletes_seq", 0))
         if deletes is not None:
             found = await asyncio.to_thread(deletes.since, seq, path)
             if found:
-                yield [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
+                gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
+                served.number(gone)
+                yield gone
                 drop = {(d.store, str(d.id)) for d in found}
                 last_seq = found[-1].seq
         start = None if updated is None else _param(updated.start_value)
@@ -177,8 +194,8 @@ def _resource(
                     records = _checked(store_name, path, page.data)
                     if drop:
                         records = [r for r in records if (store_name, str(r["id"])) not in drop]
-                    if records:
-                        yield rows(store_name, records)
+                    if records and (page_rows := served.rows(store_name, records)):
+                        yield page_rows
                     if page.next_cursor is None:
                         pulled.add(store_name)
             finally:
@@ -188,15 +205,21 @@ def _resource(
             state["stores"] = sorted(known | pulled)
         if last_seq != seq:
             state["deletes_seq"] = last_seq
+        if served.dropped:
+            log.info(
+                "%s: %d records were served again in an older version; the newer one is kept",
+                name,
+                served.dropped,
+            )
         took = time.monotonic() - started
         if incremental is not None and took > lag:
             log.warning(
                 "%s: this run took %.0f s, longer than the incremental lag (%.0f s): records "
-                "changed early in it may be missed next run; pass lag=%.0f or more",
+                "changed early in it may be missed next run; pass lag=%d or more",
                 name,
                 took,
                 lag,
-                2 * took,
+                math.ceil(2 * took),
             )
 
     hints: dict[str, Any] = {
@@ -206,6 +229,8 @@ def _resource(
         "write_disposition": write_disposition,
         "columns": _columns(deletes is not None),
     }
+    if _PARQUET:
+        hints["file_format"] = "parquet"
     return dlt.resource(pull, **hints)
 
 

@@ -12,7 +12,7 @@ so webhook receivers and incremental pulls can be tested end to end on one machi
 
 from ._faults import Faults, ScriptedResponse
 from ._limits import ServerPoolStats, ServerRateLimits, StoreStats
-from ._mutations import Mutation, Mutator
+from ._mutations import Mutation, Mutator, Reviser
 from ._process import RemoteFakeServer, run_in_process, serve, serve_forever, serve_in_thread
 from ._server import FakeAdminServer, Latency, RequestRecord
 from ._store import ChangeEvent, FakeStore, FakeStoreConfig, TransitionError
@@ -30,6 +30,7 @@ __all__ = [
     "Mutator",
     "RemoteFakeServer",
     "RequestRecord",
+    "Reviser",
     "ScriptedResponse",
     "ServerPoolStats",
     "ServerRateLimits",

@@ -1,9 +1,10 @@
 """Opaque, signed pagination cursors.
 
-A cursor is base64url(JSON ``[1, store, resource, last_id]`` + truncated HMAC-SHA256). It names
-the last id returned rather than an offset, so resuming is exact even when records are added or
-a status filter changes which records match; the HMAC binds it to one store and one resource, so
-a cursor from another store, another resource or a tampered one is rejected (INVALID_CURSOR).
+A cursor is base64url(JSON ``[1, store, resource, position]`` + truncated HMAC-SHA256). The
+position is the last record returned (its id, or ``[change key, id]`` in a list ordered by
+change) rather than an offset, so resuming is exact even when records are added or a status
+filter changes which records match; the HMAC binds it to one store and one resource, so a cursor
+from another store, another resource or a tampered one is rejected (INVALID_CURSOR).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import base64
 import binascii
 import hashlib
 import hmac
-from typing import Final
+from typing import Final, TypeAlias
 
 import orjson
 
-__all__ = ["CursorCodec", "InvalidCursor"]
+__all__ = ["CursorCodec", "InvalidCursor", "Position"]
+
+#: Where a list stands: the last id served (id order), or its (change key, id) (change order).
+Position: TypeAlias = int | tuple[float, int]
 
 _VERSION: Final = 1
 _MAC_BYTES: Final = 12
@@ -34,13 +38,13 @@ class CursorCodec:
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, payload, hashlib.sha256).digest()[:_MAC_BYTES]
 
-    def encode(self, store: str, resource: str, last_id: int) -> str:
-        payload = orjson.dumps([_VERSION, store, resource, last_id])
+    def encode(self, store: str, resource: str, position: Position) -> str:
+        payload = orjson.dumps([_VERSION, store, resource, position])
         raw = payload + self._mac(payload)
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
-    def decode(self, cursor: str, store: str, resource: str) -> int:
-        """The last id the cursor points after; raises InvalidCursor."""
+    def decode(self, cursor: str, store: str, resource: str) -> Position:
+        """The position the cursor points after; raises InvalidCursor."""
         if not cursor or len(cursor) > _MAX_LENGTH or not cursor.isascii():
             raise InvalidCursor("malformed cursor")
         try:
@@ -51,13 +55,17 @@ class CursorCodec:
         if len(raw) <= _MAC_BYTES or not hmac.compare_digest(mac, self._mac(payload)):
             raise InvalidCursor("cursor signature mismatch")
         try:
-            version, cursor_store, cursor_resource, last_id = orjson.loads(payload)
+            version, cursor_store, cursor_resource, position = orjson.loads(payload)
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             raise InvalidCursor("malformed cursor payload") from exc
-        if version != _VERSION or not isinstance(last_id, int):
+        if isinstance(position, list) and len(position) == 2:
+            key, last_id = position
+            if isinstance(key, int | float) and isinstance(last_id, int):
+                position = (float(key), last_id)
+        if version != _VERSION or not isinstance(position, int | tuple):
             raise InvalidCursor("unsupported cursor")
         if cursor_store != store:
             raise InvalidCursor("cursor belongs to another store")
         if cursor_resource != resource:
             raise InvalidCursor("cursor belongs to another list endpoint")
-        return last_id
+        return position

@@ -360,6 +360,8 @@ class RecordSet:
         self._overrides: dict[int, dict[str, Any]] = {}
         # Deleted positions: tombstones keep positions (and so cursors) stable.
         self._deleted: set[int] = set()
+        # Live positions in change order, per field, until the next change (see ``by_change``).
+        self._by_change: dict[str, tuple[list[tuple[float, int]], list[int]]] = {}
 
     def __len__(self) -> int:
         """Positions, deleted ones included (see ``is_deleted`` and ``live_count``)."""
@@ -407,6 +409,22 @@ class RecordSet:
             return self._layout.sub_status(position)
         return self.record_at(position).get(field)
 
+    def by_change(
+        self, field: str, key: Callable[[Any], float]
+    ) -> tuple[list[tuple[float, int]], list[int]]:
+        """Live records in change order: their ``(key(field), id)`` ascending, and their
+        positions. Kept until a record is added, replaced or deleted."""
+        cached = self._by_change.get(field)
+        if cached is None:
+            order = sorted(
+                ((key(self.field_at(p, field)), self.ids[p]), p)
+                for p in range(len(self.ids))
+                if p not in self._deleted
+            )
+            cached = [k for k, _ in order], [p for _, p in order]
+            self._by_change[field] = cached
+        return cached
+
     def position_after(self, last_id: int) -> int:
         """Position of the first record with an id greater than ``last_id``."""
         return bisect.bisect_right(self.ids, last_id)
@@ -437,6 +455,7 @@ class RecordSet:
         stored = {**record, "id": record_id}
         self._overrides[position] = stored
         self._encoded[position] = None
+        self._by_change.clear()
         return stored
 
     def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -450,6 +469,7 @@ class RecordSet:
         self.ids.append(record_id)
         self._overrides[len(self._encoded)] = stored
         self._encoded.append(None)
+        self._by_change.clear()
         return stored
 
     def delete(self, record_id: int) -> dict[str, Any]:
@@ -459,6 +479,7 @@ class RecordSet:
             raise KeyError(f"no {self.resource} record with id {record_id}")
         last = self.record_at(position)
         self._deleted.add(position)
+        self._by_change.clear()
         return last
 
 

@@ -19,9 +19,9 @@ import attrs
 
 from .._frozen import FrozenMap
 from ._data import interval_seconds, iso
-from ._store import FakeStore, SubscriptionAction
+from ._store import FakeStore, SubscriptionAction, change_key
 
-__all__ = ["DEFAULT_MUTATION_WEIGHTS", "MUTATION_KINDS", "Mutation", "Mutator"]
+__all__ = ["DEFAULT_MUTATION_WEIGHTS", "MUTATION_KINDS", "Mutation", "Mutator", "Reviser"]
 
 _DAY: Final = 86_400
 MUTATION_KINDS: Final = (
@@ -308,3 +308,48 @@ class Mutator:
         }
         self.store.update_record("customers", customer["id"], changes)
         return Mutation("customer_update", "customers", customer["id"])
+
+
+class Reviser:
+    """A ``FakeAdminServer(before_page=...)`` hook that changes records while a pull reads them.
+
+    Before each list page it gives the ``per_page`` records that come first in change order (in
+    a list served by change, ``list_order="changed"``, those served longest ago) a new revision:
+    ``revision`` counts up, ``revisions`` lists them (``[{"revision": 1}, ...]``, a nested
+    array, so a loader's child rows change with it) and ``field`` (the server's
+    ``incremental_field``, ``updatedAt``) moves one second past every stamp before, so the
+    change is never a tie and the record is served again later in the same pull, its old
+    version first, as a real server that lists by modification time does. ``revised`` counts the
+    changes per ``(store, resource, id)``; ``enabled = False`` stops them.
+    """
+
+    def __init__(
+        self, *, per_page: int = 2, field: str = "updatedAt", start: float | None = None
+    ) -> None:
+        if isinstance(per_page, bool) or not isinstance(per_page, int) or per_page < 1:
+            raise ValueError(f"per_page must be an int >= 1, got {per_page!r}")
+        self.per_page = per_page
+        self.field = field
+        self.enabled = True
+        self.revised: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        self._stamp = int(time.time() if start is None else start)
+
+    def __repr__(self) -> str:
+        return f"<Reviser per_page={self.per_page} changes={self.revised.total()}>"
+
+    def __call__(self, store: FakeStore, resource: str) -> None:
+        if not self.enabled:
+            return
+        records = store.data[resource]
+        _, positions = records.by_change(self.field, change_key)
+        for position in positions[: self.per_page]:
+            record = records.record_at(position)
+            self._stamp = max(self._stamp + 1, int(change_key(record.get(self.field))) + 1)
+            revision = record.get("revision", 0) + 1
+            changes = {
+                "revision": revision,
+                "revisions": [{"revision": n} for n in range(1, revision + 1)],
+                self.field: iso(self._stamp),
+            }
+            store.update_record(resource, record["id"], changes)
+            self.revised[store.name, resource, record["id"]] += 1

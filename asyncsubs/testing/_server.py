@@ -24,7 +24,7 @@ import gc
 import hashlib
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -34,7 +34,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from .._protocol import DEFAULT_VERSION
-from ._cursor import CursorCodec, InvalidCursor
+from ._cursor import CursorCodec, InvalidCursor, Position
 from ._data import RESOURCES, SUBSCRIPTION_STATUSES
 from ._faults import (
     FAULT_KINDS,
@@ -51,6 +51,7 @@ from ._store import (
     ChangedSince,
     FakeStore,
     FakeStoreConfig,
+    ListOrder,
     OverMax,
     SubscriptionAction,
     TransitionError,
@@ -198,6 +199,12 @@ class FakeAdminServer:
     - ``incremental_param``/``incremental_field``: list endpoints given
       ``?updatedAtMin=<ISO-8601>`` return only records whose ``updatedAt`` is at or after it
       (inclusive, whole seconds), still in id order with valid cursors; None turns it off.
+    - ``list_order``: ``"id"`` (lists in id order) or ``"changed"`` (by ``incremental_field``,
+      then id, as a server that lists by modification time: a record changed while a pull is
+      in progress moves behind the cursor's position and is served again, its old version
+      first).
+    - ``before_page``: called with the store and the resource before each list page is built:
+      a test's way to change records while a pull is in progress.
 
     ``faults``, ``latency``, ``inbound_delay`` and rate limits (``set_rate_limits``) can be
     changed while running.
@@ -228,12 +235,18 @@ class FakeAdminServer:
         control_endpoints: bool = True,
         incremental_param: str | None = DEFAULT_INCREMENTAL_PARAM,
         incremental_field: str = "updatedAt",
+        list_order: ListOrder = "id",
+        before_page: Callable[[FakeStore, str], object] | None = None,
     ) -> None:
         if not 1 <= default_page_size <= max_page_size:
             raise ValueError("need 1 <= default_page_size <= max_page_size")
         if over_max not in ("clamp", "reject"):
             raise ValueError(f"over_max must be 'clamp' or 'reject', got {over_max!r}")
+        if list_order not in ("id", "changed"):
+            raise ValueError(f"list_order must be 'id' or 'changed', got {list_order!r}")
         self.over_max: OverMax = over_max
+        self.list_order: ListOrder = list_order
+        self.before_page = before_page
         self.seed = seed
         self.version = version.strip("/")
         self.default_page_size = default_page_size
@@ -755,11 +768,13 @@ class FakeAdminServer:
             message = f"pageSize must be an integer >= 1 (max {largest}), got {raw_size!r}"
             return self._error(ctx, 400, "BAD_REQUEST", message)
 
-        after_id = None
+        after: Position | None = None
         cursor = query.get("afterCursor")
         if cursor is not None:
             try:
-                after_id = self._cursors.decode(cursor, store.name, resource)
+                after = self._cursors.decode(cursor, store.name, resource)
+                if isinstance(after, tuple) != (self.list_order == "changed"):
+                    raise InvalidCursor("cursor of another list order")
             except InvalidCursor as exc:
                 message = f"afterCursor is not valid for this list ({exc}); restart without it"
                 return self._error(ctx, 400, "INVALID_CURSOR", message)
@@ -783,17 +798,20 @@ class FakeAdminServer:
                 return self._error(ctx, 400, "BAD_REQUEST", message)
             changed_since = ChangedSince(since)
 
-        parts, last_id, has_next = store.page(
+        if self.before_page is not None:
+            self.before_page(store, resource)
+        parts, last, has_next = store.page(
             resource,
-            after_id=after_id,
+            after=after,
             size=size,
             statuses=statuses,
             changed_since=changed_since,
             change_field=self.incremental_field,
+            order=self.list_order,
         )
         next_cursor = None
-        if has_next and last_id is not None:
-            next_cursor = self._cursors.encode(store.name, resource, last_id)
+        if has_next and last is not None:
+            next_cursor = self._cursors.encode(store.name, resource, last)
         page_info = orjson.dumps(
             {"hasNextPage": next_cursor is not None, "nextCursor": next_cursor}
         )

@@ -7,11 +7,12 @@ changing over time, webhooks) can hook in through ``add_record``/``update_record
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import gc
 import hashlib
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -19,6 +20,7 @@ import attrs
 import orjson
 
 from .._frozen import FrozenMap
+from ._cursor import Position
 from ._data import RESOURCES, StoreData, interval_seconds, iso
 from ._limits import ServerRateLimits, StoreCounters, StoreStats, StoreWindows
 
@@ -30,6 +32,8 @@ __all__ = [
     "ChangedSince",
     "FakeStore",
     "FakeStoreConfig",
+    "ListOrder",
+    "change_key",
     "parse_timestamp",
     "SubscriptionAction",
     "TransitionError",
@@ -42,6 +46,8 @@ DEFAULT_RECORDS: Final = 120
 SubscriptionAction = Literal["pause", "resume", "cancel"]
 #: What a pageSize above a store's largest page gets: a page of the largest, or a 400.
 OverMax = Literal["clamp", "reject"]
+#: The order lists are served in: by id, or by the change field (``updatedAt``), then id.
+ListOrder = Literal["id", "changed"]
 _TARGET: Final[Mapping[str, str]] = {"pause": "PAUSED", "resume": "ACTIVE", "cancel": "CANCELLED"}
 
 
@@ -130,6 +136,15 @@ def parse_timestamp(value: object) -> float | None:
     if parsed.tzinfo is None:
         return calendar.timegm(parsed.timetuple()) + parsed.microsecond / 1e6
     return parsed.timestamp()
+
+
+def change_key(value: object) -> float:
+    """A record's place in change order: its change field as seconds since the epoch (a
+    number as it is; missing or unparseable as the epoch)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    stamp = parse_timestamp(value)
+    return 0.0 if stamp is None else stamp
 
 
 def _is_canonical(value: str) -> bool:
@@ -234,25 +249,37 @@ class FakeStore:
         self,
         resource: str,
         *,
-        after_id: int | None,
+        after: Position | None,
         size: int,
         statuses: Collection[str] | None = None,
         changed_since: Callable[[object], bool] | None = None,
         change_field: str = "updatedAt",
-    ) -> tuple[list[bytes], int | None, bool]:
-        """(encoded records, last id among them, whether more match after them).
+        order: ListOrder = "id",
+    ) -> tuple[list[bytes], Position | None, bool]:
+        """(encoded records, the position of the last of them, whether more match after them).
 
-        Records come in id order whatever the filters, so a cursor (the last id returned) stays
-        valid. ``changed_since`` (e.g. ``ChangedSince``) is called with each record's
-        ``change_field`` value and keeps the records it returns True for.
+        ``order="id"``: records in id order whatever the filters, so a cursor (the last id
+        returned) stays valid. ``order="changed"``: in order of ``change_field`` (as a
+        timestamp), then id, as a server that lists by modification time does: a record changed
+        during a pull moves to the end and is served again. ``changed_since`` (e.g.
+        ``ChangedSince``) is called with each record's ``change_field`` value and keeps the
+        records it returns True for.
         """
         records = self.data[resource]
-        start = 0 if after_id is None else records.position_after(after_id)
-        total = len(records)
+        # The list in its order: each entry's position among the records, and its cursor.
+        positions: Sequence[int]
+        cursors: Sequence[Position]
+        if order == "changed":
+            cursors, positions = records.by_change(change_field, change_key)
+            start = 0 if after is None else bisect.bisect_right(cursors, after)
+        else:
+            cursors, positions = records.ids, range(len(records))
+            start = 0 if after is None else records.position_after(after)  # type: ignore[arg-type]
+        total = len(positions)
         if statuses is None and changed_since is None and not records.has_deletions:
             end = min(start + size, total)
-            parts = [records.encoded_at(p) for p in range(start, end)]
-            return parts, (records.ids[end - 1] if end > start else None), end < total
+            parts = [records.encoded_at(positions[i]) for i in range(start, end)]
+            return parts, (cursors[end - 1] if end > start else None), end < total
 
         def matches(position: int) -> bool:
             if records.is_deleted(position):
@@ -262,15 +289,15 @@ class FakeStore:
             return changed_since is None or changed_since(records.field_at(position, change_field))
 
         parts = []
-        last_id = None
-        position = start
-        while position < total and len(parts) < size:
-            if matches(position):
-                parts.append(records.encoded_at(position))
-                last_id = records.ids[position]
-            position += 1
-        has_next = any(matches(p) for p in range(position, total))
-        return parts, last_id, has_next
+        last = None
+        index = start
+        while index < total and len(parts) < size:
+            if matches(positions[index]):
+                parts.append(records.encoded_at(positions[index]))
+                last = cursors[index]
+            index += 1
+        has_next = any(matches(positions[i]) for i in range(index, total))
+        return parts, last, has_next
 
     # --- changing -----------------------------------------------------------------------------
 
