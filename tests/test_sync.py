@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import io
 import os
+import pickle
 import re
 import signal
 import socket
@@ -544,6 +545,31 @@ limits = { global = { per = 2.0 } }
     )
     # Never the library's internal names.
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
+
+
+def test_config_problems_say_their_key_and_problem_and_pickle(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        '[stores.a]\nbase_url = "https://a.example"\ntoken_env = "A_TOKEN"\ntimeout = 0\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"A_TOKEN": "x"}, resources=["refunds"])
+    keyed = [(e.key, e.problem) for e in info.value.errors]
+    assert keyed == [
+        ("resources", "unknown resource 'refunds' (known: subscriptions, customers, orders)"),
+        ("stores.a.timeout", "must be a number of seconds > 0, got 0"),
+    ]
+    assert info.value.problems == tuple(f"{key}: {problem}" for key, problem in keyed)
+    # The command line names the parameters by its flags.
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {}, resources=["refunds"], names={"resources": "--resources"})
+    assert info.value.problems[0].startswith("--resources: unknown resource 'refunds'")
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (str(again), again.problems) == (str(info.value), info.value.problems)
+    assert [(e.key, e.problem) for e in again.errors] == [
+        (e.key, e.problem) for e in info.value.errors
+    ]
 
 
 def test_config_reports_each_key_of_a_store_that_is_wrong_in_several(tmp_path: Path) -> None:
