@@ -2,7 +2,9 @@
 
 Unless ``--rate`` and ``--page-size`` pin them, the resource's pool finds its rate and the pull
 the largest page the server serves (``Limits(discover=True)``, ``page_size="max"``), starting
-from what earlier pulls of the store learned (``_learned``: a state file in the cache).
+from what earlier pulls of the store learned (``asyncsubs.stores.LearnedFile``, in the cache).
+The store is ``--store``, else the base URL's host: its name for pacing, learned limits and
+progress alike.
 
 With ``-o FILE``, a checkpoint beside it (``_checkpoint``) lets a rerun of the same command
 continue after the last whole page written.
