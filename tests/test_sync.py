@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
+import asyncsubs
 from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._display import PlainLines, live_row
@@ -143,6 +144,29 @@ def test_sync_three_stores_matches_the_server(
     total = sum(len(server.records(s, r)) for s in STORES for r in RESOURCES)
     assert f"{total:,} records from 3 stores" in out
     assert re.search(r"store-2\s+customers\s+done\s+0\s+1\s+0\b", out)
+
+
+def test_the_command_lines_clients_say_so_and_the_librarys_do_not(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    """The user agent is the door's: ``sync`` names the command line before the library's."""
+    config = write_config(tmp_path, server)
+    server.clear_requests()
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "a.db"), "-q"]) == 0
+    agents = {r.headers["User-Agent"] for r in server.requests}
+    assert agents == {f"asyncsubs-cli asyncsubs/{asyncsubs.__version__}"}
+
+    async def sync() -> None:
+        configs = load_config(config, token_env)
+        sink = sink_for(str(tmp_path / "b.db"))
+        async with sink, SyncEngine(configs, sink, lambda event: None) as engine:
+            await run_round(engine)
+
+    server.clear_requests()
+    asyncio.run(sync())
+    assert {r.headers["User-Agent"] for r in server.requests} == {
+        f"asyncsubs/{asyncsubs.__version__}"
+    }
 
 
 def test_finished_sync_starts_over_without_duplicates(

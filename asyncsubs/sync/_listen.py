@@ -140,11 +140,14 @@ class ListenSync:
         *,
         max_stores: int = DEFAULT_MAX_STORES,
         limits: ListenerLimits | None = None,
+        user_agent: str | None = None,
     ) -> None:
         self.configs = list(configs)
         self.sink = sink
         self.observe = observe
-        self.engine = SyncEngine(configs, sink, observe, max_stores=max_stores)
+        self.engine = SyncEngine(
+            configs, sink, observe, max_stores=max_stores, user_agent=user_agent
+        )
         self.limits = limits or ListenerLimits()
         missing = [config.store for config in configs if config.webhook is None]
         if missing:
