@@ -167,7 +167,7 @@ def _webhook_setting(setting: str, **context: Any) -> Callable[[Any, Any, Any], 
         try:
             WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
         except ConfigError as exc:
-            raise ConfigError(str(exc).removeprefix(f"{setting} ")) from None
+            raise ConfigError(exc.problem) from None
 
     return _checked(check)
 
