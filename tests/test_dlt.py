@@ -25,6 +25,7 @@ from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by 
 
 from asyncsubs import AdminClient, AuthenticationError, ConfigError, Limits, Rate
 from asyncsubs.dlt import DeleteLog, Store, subscription_service
+from asyncsubs.stores import stores_from_tables
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, run_in_process
 from asyncsubs.webhooks import WebhookConfig, WebhookReceiver
 
@@ -522,3 +523,32 @@ async def test_loads_go_through_parquet_unless_the_pipeline_says_otherwise(
     # The same rows either way.
     for resource in RESOURCES:
         assert loaded(parquet, resource) == loaded(chosen, resource)
+
+
+def test_store_tables_read_as_stores_toml_reads_them_problems_by_key() -> None:
+    """``[sources.subscription_service.stores.<name>]`` tables take a stores.toml store's keys
+    (the token itself in place of token_env), every problem named by its key, the token never
+    shown."""
+    secret = "tok-sEcReT-1234"
+    tables = {
+        "a": {"base_url": "https://a.example", "token": secret, "page_size": 0, "colour": 1},
+        "b": {"base_url": "https://b.example", "incremental": {"orders": {"param": "x"}}},
+        "c": {"base_url": "https://c.example", "token": secret, "limits": {"max_in_flight": 4}},
+    }
+    with pytest.raises(ConfigError) as info:
+        subscription_service(stores=tables)
+    assert secret not in str(info.value)
+    assert [(e.key, e.problem) for e in info.value.errors] == [  # type: ignore[attr-defined]
+        (
+            "stores.a.page_size",
+            'must be a whole number >= 1 or "max" (the largest page, learned), got 0',
+        ),
+        ("stores.a.colour", "unknown key"),
+        ("stores.b.incremental.orders", 'must be { param = "...", field = "..." }'),
+        ("stores.b", "token is required"),
+    ]
+    (store,) = stores_from_tables({"c": tables["c"]})
+    assert (store.name, store.token) == ("c", secret)
+    assert store.limits == Limits(max_in_flight=4, discover=True)  # the pools not given discover
+    (store,) = stores_from_tables({"d": {"base_url": "https://d.example", "token": secret}})
+    assert store.limits is None  # every pool discovers, other list paths' included

@@ -503,8 +503,10 @@ def _store(
         token = check("token_env", lambda: _token(_from_env(name, env), name)) or ""
     # Read only to listen: a plain sync of the same config must not need a secret.
     webhook = _webhook(where, table, values, env, problems, check, listen) if listen else None
+    limits = None  # none given: every pool the store's client has discovers its rate
     try:
-        limits = Limits(**values["limits"], discover=True)
+        if own.limits is not None or defaults.limits is not None:
+            limits = Limits(**values["limits"], discover=True)
     except ConfigError as exc:
         problems.append(_at((*where, "limits"), exc))
     if len(problems) > before:
