@@ -193,3 +193,18 @@ def test_a_demo_rerun_on_the_same_database_starts_from_what_the_first_learned(
     assert demo_rows(out, "globex-pets") == {"subscriptions": 3, "customers": 2, "orders": 4}
     assert " 0 429s in " in out
     assert "this run started from what the last one learned (2 of 2 stores" in out
+
+
+def test_a_named_store_at_another_address_starts_from_what_it_learned(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    """``--store`` names the store for pacing, learned limits and progress: the same store
+    served from another port (a restarted fake server, a proxy) is the same store."""
+    assert pull(server, tmp_path / "a.jsonl", "--rate", "1000/s", "--store", "acme", "-q") == 0
+    store = FakeStoreConfig("acme", records=RECORDS, max_page_size=100, over_max="reject")
+    with serve_in_thread(stores=[store], rate_limits=None) as moved:
+        assert moved.base_url != server.base_url
+        assert pull(moved, tmp_path / "b.jsonl", "--rate", "1000/s", "--store", "acme", "-q") == 0
+        assert sizes(moved) == [("100", 200)] * 3  # the page size it learned, at once
+    (entry,) = orjson.loads(state_file().read_bytes())["stores"]
+    assert entry["store"] == "acme"
