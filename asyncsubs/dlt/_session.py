@@ -124,7 +124,12 @@ class SourceClients:
         run = self._runs.get(loop)
         if run is None:
             run = self._runs[loop] = _Run(self, learned)
-            await run.open()
+            try:
+                await run.open()
+            except BaseException:  # a client the settings refuse (checked before: unlikely)
+                del self._runs[loop]
+                await run.aclose()
+                raise
         run.users += 1
         return run
 
