@@ -1,4 +1,5 @@
-"""``stores.toml``, the stores a sync pulls, read and checked before any request.
+"""``stores.toml`` (and dlt's store tables), the stores a door pulls, read and checked before
+any request.
 
 The file's shape is a few attrs classes: ``[defaults]`` and each ``[stores.<id>]`` are a
 ``StoreOptions`` (a store adds ``base_url`` and ``token_env``), ``limits`` a ``LimitsTable``.
@@ -11,8 +12,11 @@ secrets by the environment variables it names (never echoed). To listen, each st
 share a webhook secret without a way to tell their deliveries apart.
 
 ``load_config(path, env)`` returns one ``Store`` per store or raises ``ConfigFileError``,
-whose ``problems`` are one line each, named by the key as written in the file
-(``stores.acme.limits.heavy.orders: ...``), each problem once, in the file's order.
+whose ``errors`` say each problem once, in the file's order, with the key as written in the
+file (``stores.acme.limits.heavy.orders``); ``stores_from_tables`` reads dlt's tables alike.
+The walk over cattrs' errors (``_walk``) keeps each key path as keys, not as the string
+``transform_error`` makes of it: problems are sorted by where their keys are in the file, and
+the keys that hold one are left out to check the rest.
 """
 
 from __future__ import annotations
