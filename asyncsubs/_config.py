@@ -232,7 +232,7 @@ class Limits(PoolSplit):
             ):
                 raise ConfigError(f"Limits.{name} must be in [0, 1), got {margin!r}")
         if self.max_margin < self.safety_margin:
-            raise ConfigError("Limits.max_margin must be >= Limits.safety_margin")
+            raise ConfigError("max_margin must be >= safety_margin", key="Limits")
         if self.server_limits not in _SERVER_LIMITS:
             raise ConfigError(
                 f"Limits.server_limits must be one of {', '.join(_SERVER_LIMITS)},"

@@ -111,7 +111,17 @@ class AsyncSubsError(Exception):
 
 
 class ConfigError(AsyncSubsError, ValueError):
-    """Bad configuration or arguments, detected before any request is sent."""
+    """Bad configuration or arguments, detected before any request is sent.
+
+    ``key`` names the setting at fault where one does (a parameter, or a config key by its
+    path: ``stores.acme.limits``), ``problem`` says what is wrong with it; the message is both,
+    joined by ``sep`` (``"scheme must be one of ..."``: a sentence about the key).
+    A front door may name the key its own way (the command line: by its flag)."""
+
+    def __init__(self, problem: str = "", *, key: str | None = None, sep: str = ": ") -> None:
+        super().__init__(problem if key is None else f"{key}{sep}{problem}")
+        self.key = key
+        self.problem = problem
 
 
 class LimiterUnavailableError(AsyncSubsError):

@@ -555,7 +555,7 @@ def test_demo_table_learns_no_untried_raise_and_counts_as_the_server_does(
     row = progress.add(store.name, "subscriptions")
     row.stats = PoolStats(requests=12, rate=4.0, rate_by="probe", good=2.0)
     reports = {(store.name, "subscriptions"): _PoolReport(achieved=1.6, peak=3)}
-    _summary([store], progress, reports, elapsed=8.0, startup=1.0)
+    _summary([store], progress, reports, elapsed=8.0, startup=1.0, remembered=[])
     out = capsys.readouterr().out
     (line,) = [line for line in out.splitlines() if line.startswith(store.name)]
     cells = re.split(r"\s{2,}", line)

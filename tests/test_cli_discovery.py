@@ -17,10 +17,11 @@ import orjson
 import pytest
 
 from asyncsubs.__main__ import main
-from asyncsubs.cli._learned import FILE_FORMAT
+from asyncsubs.stores import FILE_FORMAT
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
 RECORDS = 250
+DEMO_RESOURCES = ("subscriptions", "customers", "orders")
 
 
 @pytest.fixture
@@ -159,3 +160,51 @@ def test_sync_keeps_what_it_learned_in_its_database(
     server.clear_requests()
     assert main(["sync", "--config", str(config), "--db", str(db), "-q"]) == 0
     assert sizes(server) == [("100", 200)] * 3  # the next sync of the store: no 400 at all
+
+
+def demo_rows(out: str, store: str) -> dict[str, int]:
+    """Requests per resource of ``store``, as the demo's table says."""
+    rows = [line.split() for line in out.splitlines() if line.startswith(f"{store} ")]
+    return {row[1]: int(row[4].replace(",", "")) for row in rows}
+
+
+def test_a_demo_rerun_on_the_same_database_starts_from_what_the_first_learned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``asyncsubs demo --db X`` twice: the fake server listens on a new port each run, and its
+    stores are the same stores all the same (what they learned is theirs by name)."""
+    args = ["demo", "--quick", "--stores", "2", "--db", str(tmp_path / "demo.db")]
+    assert main([*args, "-q"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--log-format", "json"]) == 0
+    out, err = capsys.readouterr()
+    events = [orjson.loads(line) for line in err.splitlines()]
+    assert not [e for e in events if e["event"] == "message"], err  # nothing refused
+    first = {}
+    for event in events:
+        if event["event"] == "learned":
+            first.setdefault((event["store"], event["resource"]), event)
+    # The pools start at the page sizes the first run found.
+    assert "remembered" in {e["rate_by"] for e in first.values()}
+    for resource in DEMO_RESOURCES:
+        assert first[("globex-pets", resource)]["page_size_by"] == "remembered"
+    # globex-pets refuses pages above 250 records with a 400: the first run found that, the
+    # second asks for 250 from its first request, one request a page (600, 300, 900 records).
+    assert demo_rows(out, "globex-pets") == {"subscriptions": 3, "customers": 2, "orders": 4}
+    assert " 0 429s in " in out
+    assert "this run started from what the last one learned (2 of 2 stores" in out
+
+
+def test_a_named_store_at_another_address_starts_from_what_it_learned(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    """``--store`` names the store for pacing, learned limits and progress: the same store
+    served from another port (a restarted fake server, a proxy) is the same store."""
+    assert pull(server, tmp_path / "a.jsonl", "--rate", "1000/s", "--store", "acme", "-q") == 0
+    store = FakeStoreConfig("acme", records=RECORDS, max_page_size=100, over_max="reject")
+    with serve_in_thread(stores=[store], rate_limits=None) as moved:
+        assert moved.base_url != server.base_url
+        assert pull(moved, tmp_path / "b.jsonl", "--rate", "1000/s", "--store", "acme", "-q") == 0
+        assert sizes(moved) == [("100", 200)] * 3  # the page size it learned, at once
+    (entry,) = orjson.loads(state_file().read_bytes())["stores"]
+    assert entry["store"] == "acme"

@@ -23,8 +23,9 @@ import redis.asyncio as aioredis
 from dlt.pipeline.exceptions import PipelineStepFailed
 from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by its name=
 
-from asyncsubs import AuthenticationError, ConfigError, Limits, Rate
+from asyncsubs import AdminClient, AuthenticationError, ConfigError, Limits, Rate
 from asyncsubs.dlt import DeleteLog, Store, subscription_service
+from asyncsubs.stores import stores_from_tables
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, run_in_process
 from asyncsubs.webhooks import WebhookConfig, WebhookReceiver
 
@@ -507,6 +508,39 @@ async def test_a_redis_url_paces_every_store_through_redis(
         await redis.aclose()
 
 
+def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m asyncsubs.dlt --duckdb X`` twice: the fake server listens on a new port each
+    run, and its stores are the same stores all the same (what they learned is theirs by
+    name, kept in the pipeline's state in the database)."""
+    from asyncsubs.dlt._demo import main
+    from asyncsubs.stores import _clients
+
+    made: list[dict[str, Any]] = []  # each client's learned limits, as it was made with them
+
+    def client(**settings: Any) -> AdminClient:
+        made_client = AdminClient(**settings)
+        if settings["telemetry"]:  # not the check of the settings, which sends nothing
+            made.append(settings.get("learned") or {})
+        return made_client
+
+    monkeypatch.setattr(_clients, "AdminClient", client)
+    monkeypatch.setenv("RUNTIME__LOG_LEVEL", "ERROR")
+    args = ["--duckdb", str(tmp_path / "demo.duckdb"), "--stores", "1", "--records", "250"]
+    assert main(args) == 0
+    assert "probed for them" in capsys.readouterr().out
+    assert made == [{}]
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    (learned,) = made[1:]
+    assert learned["store"] == "store-1"
+    # The page size the first run found is where the second began: no probing.
+    assert {p["page_size"] for p in learned["pools"].values()} == {100}
+    assert "started from what the last run learned (1 of 1 stores" in second
+    assert "0 x 429" in second
+
+
 async def test_loads_go_through_parquet_unless_the_pipeline_says_otherwise(
     server: FakeAdminServer, tmp_path: Path
 ) -> None:
@@ -534,3 +568,32 @@ async def test_loads_go_through_parquet_unless_the_pipeline_says_otherwise(
     # The same rows either way.
     for resource in RESOURCES:
         assert loaded(parquet, resource) == loaded(chosen, resource)
+
+
+def test_store_tables_read_as_stores_toml_reads_them_problems_by_key() -> None:
+    """``[sources.subscription_service.stores.<name>]`` tables take a stores.toml store's keys
+    (the token itself in place of token_env), every problem named by its key, the token never
+    shown."""
+    secret = "tok-sEcReT-1234"
+    tables = {
+        "a": {"base_url": "https://a.example", "token": secret, "page_size": 0, "colour": 1},
+        "b": {"base_url": "https://b.example", "incremental": {"orders": {"param": "x"}}},
+        "c": {"base_url": "https://c.example", "token": secret, "limits": {"max_in_flight": 4}},
+    }
+    with pytest.raises(ConfigError) as info:
+        subscription_service(stores=tables)
+    assert secret not in str(info.value)
+    assert [(e.key, e.problem) for e in info.value.errors] == [  # type: ignore[attr-defined]
+        (
+            "stores.a.page_size",
+            'must be a whole number >= 1 or "max" (the largest page, learned), got 0',
+        ),
+        ("stores.a.colour", "unknown key"),
+        ("stores.b.incremental.orders", 'must be { param = "...", field = "..." }'),
+        ("stores.b", "token is required"),
+    ]
+    (store,) = stores_from_tables({"c": tables["c"]})
+    assert (store.name, store.token) == ("c", secret)
+    assert store.limits == Limits(max_in_flight=4, discover=True)  # the pools not given discover
+    (store,) = stores_from_tables({"d": {"base_url": "https://d.example", "token": secret}})
+    assert store.limits is None  # every pool discovers, other list paths' included

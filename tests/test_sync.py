@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import io
 import os
+import pickle
 import re
 import signal
 import socket
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
+import asyncsubs
 from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._display import PlainLines, live_row
@@ -143,6 +145,29 @@ def test_sync_three_stores_matches_the_server(
     total = sum(len(server.records(s, r)) for s in STORES for r in RESOURCES)
     assert f"{total:,} records from 3 stores" in out
     assert re.search(r"store-2\s+customers\s+done\s+0\s+1\s+0\b", out)
+
+
+def test_the_command_lines_clients_say_so_and_the_librarys_do_not(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path
+) -> None:
+    """The user agent is the door's: ``sync`` names the command line before the library's."""
+    config = write_config(tmp_path, server)
+    server.clear_requests()
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "a.db"), "-q"]) == 0
+    agents = {r.headers["User-Agent"] for r in server.requests}
+    assert agents == {f"asyncsubs-cli asyncsubs/{asyncsubs.__version__}"}
+
+    async def sync() -> None:
+        configs = load_config(config, token_env)
+        sink = sink_for(str(tmp_path / "b.db"))
+        async with sink, SyncEngine(configs, sink, lambda event: None) as engine:
+            await run_round(engine)
+
+    server.clear_requests()
+    asyncio.run(sync())
+    assert {r.headers["User-Agent"] for r in server.requests} == {
+        f"asyncsubs/{asyncsubs.__version__}"
+    }
 
 
 def test_finished_sync_starts_over_without_duplicates(
@@ -552,6 +577,31 @@ limits = { global = { per = 2.0 } }
     )
     # Never the library's internal names.
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
+
+
+def test_config_problems_say_their_key_and_problem_and_pickle(tmp_path: Path) -> None:
+    path = tmp_path / "stores.toml"
+    path.write_text(
+        '[stores.a]\nbase_url = "https://a.example"\ntoken_env = "A_TOKEN"\ntimeout = 0\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {"A_TOKEN": "x"}, resources=["refunds"])
+    keyed = [(e.key, e.problem) for e in info.value.errors]
+    assert keyed == [
+        ("resources", "unknown resource 'refunds' (known: subscriptions, customers, orders)"),
+        ("stores.a.timeout", "must be a number of seconds > 0, got 0"),
+    ]
+    assert info.value.problems == tuple(f"{key}: {problem}" for key, problem in keyed)
+    # The command line names the parameters by its flags.
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {}, resources=["refunds"], names={"resources": "--resources"})
+    assert info.value.problems[0].startswith("--resources: unknown resource 'refunds'")
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (str(again), again.problems) == (str(info.value), info.value.problems)
+    assert [(e.key, e.problem) for e in again.errors] == [
+        (e.key, e.problem) for e in info.value.errors
+    ]
 
 
 def test_config_reports_each_key_of_a_store_that_is_wrong_in_several(tmp_path: Path) -> None:

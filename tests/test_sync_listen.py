@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from asyncsubs.__main__ import main
+from asyncsubs.cli._common import CONFIG_FLAGS
 from asyncsubs.cli._display import PlainLines
 from asyncsubs.cli._listen import parse_listen
 from asyncsubs.cli._progress import Progress
@@ -498,7 +499,7 @@ def test_listen_needs_a_secret_variable_per_store(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     with pytest.raises(ConfigFileError) as info:
-        load_config(config, {"T": "t"}, listen=True)
+        load_config(config, {"T": "t"}, listen=True, names=CONFIG_FLAGS)
     assert info.value.problems == (
         "stores.acme: webhook_secret_env is required with --listen (the name of the "
         "environment variable holding the store's webhook secret)",

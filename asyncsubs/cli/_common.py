@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from ..errors import ConfigError
-from ..sync import parse_rate
+from ..stores import parse_rate
 from ._display import DEFAULT_INTERVAL, Mode, choose_mode, show_progress
 from ._output import Output
 from ._progress import Progress
 
 __all__ = [
+    "CONFIG_FLAGS",
     "CommandFailed",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
@@ -31,6 +32,7 @@ __all__ = [
     "EXIT_USAGE",
     "Parser",
     "Runner",
+    "USER_AGENT",
     "event_loop_factory",
     "fraction",
     "non_negative_int",
@@ -39,6 +41,12 @@ __all__ = [
     "positive_int",
     "rate",
 ]
+
+#: What the command line's clients say they are, before the library's own user agent.
+USER_AGENT: Final = "asyncsubs-cli"
+
+#: The flags that set ``load_config``'s parameters, to name them in its messages.
+CONFIG_FLAGS: Final = {"resources": "--resources", "only_stores": "--store", "listen": "--listen"}
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1

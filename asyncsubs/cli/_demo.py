@@ -33,7 +33,7 @@ from ..sync import (
     run_round,
     sink_for,
 )
-from ._common import CommandFailed, Runner, non_negative_int, positive_int
+from ._common import USER_AGENT, CommandFailed, Runner, non_negative_int, positive_int
 from ._output import Output
 from ._progress import Progress, plural
 from ._tables import print_table
@@ -198,7 +198,7 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     ):
         configs = [
             StoreConfig(
-                store=s.name,
+                name=s.name,
                 base_url=server.base_url,
                 token=server.tokens[s.name],
                 page_size=args.page_size or DEFAULT_PAGE_SIZE,
@@ -208,8 +208,15 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             for s in stores
         ]
 
+        #: The stores that start from what an earlier demo on this database learned.
+        remembered: list[str] = []
+
         async def sync() -> None:
-            async with sink, SyncEngine(configs, sink, runner.progress) as engine:
+            async with (
+                sink,
+                SyncEngine(configs, sink, runner.progress, user_agent=USER_AGENT) as engine,
+            ):
+                remembered.extend([c.name for c in configs if await sink.load_learned(c.name)])
                 await run_round(engine)
 
         # The sync's time, as its rows count theirs: the server's start comes before.
@@ -226,7 +233,7 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             if not args.quiet and (ran or interrupted):
                 reports = _server_reports(server, stores)
                 elapsed = time.monotonic() - started
-                _summary(stores, runner.progress, reports, elapsed, started - launched)
+                _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
                 where = f"kept at {sink.where}" if kept else "a temporary file, now deleted"
                 sys.stdout.write(f"database: {where}\n")
                 sys.stdout.flush()
@@ -273,6 +280,7 @@ def _summary(
     reports: Mapping[tuple[str, str], _PoolReport],
     elapsed: float,
     startup: float,
+    remembered: Sequence[str],
 ) -> None:
     rows = []
     total_requests = total_429 = 0
@@ -339,6 +347,15 @@ def _summary(
             "server's, and how its window counts",
             "429s: a pool raises its rate after clean time and, refused, settles just under "
             "what the server accepted; a rerun with the same --db starts there, without them",
+            *(
+                [
+                    f"this run started from what the last one learned ({len(remembered)} of "
+                    f"{len(stores)} stores, kept in the database): rates and page sizes known, "
+                    "not probed again"
+                ]
+                if remembered
+                else []
+            ),
             "windows: sliding: at most n starts in any trailing window; fixed: n in each window "
             "aligned to the clock (n more may start just after its end); leaky: a bucket of n "
             "refilled at n per window (full, it lets n through at once, so a rate above the "

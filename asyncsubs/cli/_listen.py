@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import ConfigError
 from ..sync import DEFAULT_RECONCILE_EVERY, ListenSync, Message, Sink, StoreConfig
-from ._common import EXIT_INTERRUPTED, EXIT_TERMINATED, CommandFailed, Runner
+from ._common import EXIT_INTERRUPTED, EXIT_TERMINATED, USER_AGENT, CommandFailed, Runner
 from ._summaries import summary_fields, sync_summary, webhook_summary
 
 __all__ = ["listen_address", "parse_listen", "run_listen"]
@@ -84,7 +84,8 @@ def run_listen(
 
     async def listen() -> None:
         observe, stores = runner.progress, args.max_stores
-        async with ListenSync(configs, sink, observe, max_stores=stores) as listening:
+        listen_sync = ListenSync(configs, sink, observe, max_stores=stores, user_agent=USER_AGENT)
+        async with listen_sync as listening:
             await listening.run(host, port, every)
 
     try:

@@ -2,7 +2,9 @@
 
 Unless ``--rate`` and ``--page-size`` pin them, the resource's pool finds its rate and the pull
 the largest page the server serves (``Limits(discover=True)``, ``page_size="max"``), starting
-from what earlier pulls of the store learned (``_learned``: a state file in the cache).
+from what earlier pulls of the store learned (``asyncsubs.stores.LearnedFile``, in the cache).
+The store is ``--store``, else the base URL's host: its name for pacing, learned limits and
+progress alike.
 
 With ``-o FILE``, a checkpoint beside it (``_checkpoint``) lets a rerun of the same command
 continue after the last whole page written.
@@ -19,30 +21,23 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
-from .. import AdminClient, Limits, RetryEvent, RetryPolicy
+from .. import Limits, RetryEvent, RetryPolicy
 from ..errors import AsyncSubsError, ConfigError
 from ..json import dumps
 from ..limiting import PoolStats
 from ..settings import DEFAULT_VERSION, check_token
-from ..sync import (
+from ..stores import (
     DEFAULT_PAGE_SIZE,
     RESOURCES,
-    PageCommitted,
-    PoolLearned,
-    Retrying,
-    UnitDone,
-    UnitFailed,
-    UnitNote,
-    UnitPool,
-    UnitStarted,
-    UnitStopped,
+    LearnedFile,
+    Store,
+    StoreClients,
+    Unit,
     check_base_url,
-    clamped_page_note,
     describe_error,
 )
 from ._checkpoint import PullCheckpoint
-from ._common import EXIT_OK, CommandFailed, Runner, positive_float, positive_int, rate
-from ._learned import LearnedFile
+from ._common import EXIT_OK, USER_AGENT, CommandFailed, Runner, positive_float, positive_int, rate
 from ._output import Output
 from ._progress import learned_text, plural
 
@@ -143,14 +138,18 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
 
 
 class Pull:
-    """One ``pull``: its client, its output and checkpoint, and where it stands."""
+    """One ``pull``: its store's client, its output and checkpoint, and where it stands."""
 
     def __init__(self, args: argparse.Namespace, out: Output) -> None:
         self.args, self.out = args, out
-        self.client = self._client()
+        self.store = self._store()
+        # Learned limits are kept in a state file in the cache, by the store's name.
+        self.clients = StoreClients(
+            LearnedFile(out.warning), user_agent=USER_AGENT, note=out.warning
+        )
+        self.client = self.clients.client(self.store, on_retry=self._retried)
         if args.restart and args.output is None:
             raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
-        self.store = args.store or urlsplit(self.client.base_url).hostname or "store"
         self.params: dict[str, str] = dict(args.param or ())
         self.path = None if args.output is None else Path(args.output)
         self.file: IO[bytes] | None = None
@@ -166,13 +165,11 @@ class Pull:
         self.runner = Runner(args, out)
         if self.runner.mode == "rich" and self.file is None and sys.stdout.isatty():
             self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
-        pool = self.client.limits.pool_for("GET", args.resource)
-        self.unit = UnitPool(self.client, pool)  # counted from the pull's start once it starts
+        self.unit = Unit(self.client, self.store.name, args.resource, self.runner.progress)
 
-    def _client(self) -> AdminClient:
-        """The pull's client. Token and base URL not given as flags are the client's to find;
-        every setting is checked first, so a usage error exits 2 before any request. It starts
-        from what earlier pulls of its store learned (the state file)."""
+    def _store(self) -> Store:
+        """The store the flags name. Token and base URL not given as flags are the client's to
+        find; every setting is checked first, so a usage error exits 2 before any request."""
         args = self.args
         env = os.environ
         token = args.token if args.token is not None else env.get("ASYNCSUBS_TOKEN")
@@ -180,30 +177,21 @@ class Pull:
         check_token(token)
         hint = "--allow-insecure"
         check_base_url(base_url, args.api_version, args.allow_insecure, insecure_hint=hint)
+        assert isinstance(token, str)
+        assert isinstance(base_url, str)
         # The other heavy pools discover too, unused: one Limits for every pull of a store.
         heavy = None if args.rate is None else {args.resource: args.rate}
-        settings: dict[str, Any] = {
-            "token": token,
-            "base_url": base_url,
-            "store": args.store,
-            "limits": Limits(discover=True, heavy=heavy),
-            "timeout": args.timeout,
-            "retry": RetryPolicy(max_attempts=args.max_attempts),
-            "allow_insecure": args.allow_insecure,
-            "user_agent": "asyncsubs-cli",
-            "version": args.api_version,
-            "on_retry": self._retried,
-        }
-        client = AdminClient(**settings)
-        self.learned_file = LearnedFile(self.out.warning)
-        learned = self.learned_file.entry(client.base_url, client.store)
-        if learned is None:
-            return client
-        try:
-            return AdminClient(**settings, learned=learned)
-        except ConfigError as exc:
-            self.out.warning(f"ignoring {self.learned_file.path} for this store: {exc}")
-            return client
+        return Store(
+            name=args.store or urlsplit(base_url).hostname or "store",
+            base_url=base_url,
+            token=token,
+            limits=Limits(discover=True, heavy=heavy),
+            page_size=args.page_size or DEFAULT_PAGE_SIZE,
+            retry=RetryPolicy(max_attempts=args.max_attempts),
+            timeout=args.timeout,
+            version=args.api_version,
+            allow_insecure=args.allow_insecure,
+        )
 
     def _open_output(self, output: Path) -> tuple[IO[bytes], PullCheckpoint | None]:
         """FILE opened to write at the end of its checkpointed prefix (a rerun continues), or
@@ -252,22 +240,8 @@ class Pull:
 
     # -- running ------------------------------------------------------------------------------
 
-    def stats(self) -> PoolStats:
-        return self.unit.stats()
-
-    def _tell_learned(self, stats: PoolStats) -> None:
-        """``PoolLearned`` when the pool's rate or page size changed since last told."""
-        if self.unit.learned(stats):
-            self.runner.progress(PoolLearned(self.store, self.args.resource, stats))
-
-    def _keep_learned(self) -> None:
-        learned = self.client.export_learned()
-        if learned["pools"]:
-            self.learned_file.save(learned)
-
     def _retried(self, event: RetryEvent) -> None:
-        error = describe_error(event.error)
-        self.runner.progress(Retrying(self.store, self.args.resource, error, self.stats()))
+        self.unit.retried(event)
 
     def _write(self, records: list[Any]) -> None:
         out = self.file or sys.stdout.buffer
@@ -305,56 +279,47 @@ class Pull:
             raise CommandFailed([f"cannot write {path}: {exc.strerror or exc}"]) from None
 
     async def pull(self) -> None:
-        args, tell = self.args, self.runner.progress
-        store, resource, limit = self.store, args.resource, args.limit
-        async with self.client as client:
-            self.unit = UnitPool.start(client, resource)
-            allowed = client.limits.rate_for(self.unit.pool)
-            tell(UnitStarted(store, resource, self.checkpoint is not None, self.before, allowed))
-            self._tell_learned(self.stats())
+        args, limit = self.args, self.args.limit
+        async with await self.clients.open(self.store, on_retry=self._retried) as client:
+            self.client = client
+            self.unit = unit = Unit(client, self.store.name, args.resource, self.runner.progress)
+            unit.start(resumed=self.checkpoint is not None, records_before=self.before)
             if limit is not None and self.before >= limit:
                 self.cursor = None
                 self._save()
-                tell(UnitDone(store, resource, self.stats(), None))
+                unit.done()
                 return
-            # With --limit, a page fetched ahead would likely be thrown away.
-            call = getattr(client, resource).list(
-                page_size=args.page_size or DEFAULT_PAGE_SIZE,
-                after_cursor=self.cursor,
-                params=self.params or None,
-                model=dict,
-                prefetch=1 if limit is None else 0,
-            )
             try:
-                async with contextlib.aclosing(call.pages()) as pages:
-                    async for page in pages:
-                        room = None if limit is None else limit - self.before - self.records
-                        records = page.data[:room]
-                        self._write(records)
-                        self.records += len(records)
-                        self.pages += 1
-                        done = room is not None and len(records) >= room
-                        self.cursor = None if done else page.next_cursor
-                        self._save()
-                        stats = self.stats()
-                        tell(PageCommitted(store, resource, len(records), stats))
-                        self._tell_learned(stats)
-                        if self.pages == 1 and (note := clamped_page_note(args.page_size, page)):
-                            tell(UnitNote(store, resource, note))
-                        if done:
-                            break
+                # With --limit, a page fetched ahead would likely be thrown away.
+                async for page in unit.pages(
+                    page_size=self.store.page_size,
+                    after_cursor=self.cursor,
+                    params=self.params,
+                    prefetch=None if limit is None else 0,
+                ):
+                    room = None if limit is None else limit - self.before - self.records
+                    records = page.data[:room]
+                    self._write(records)
+                    self.records += len(records)
+                    self.pages += 1
+                    done = room is not None and len(records) >= room
+                    self.cursor = None if done else page.next_cursor
+                    self._save()
+                    unit.committed(len(records))
+                    if done:
+                        break
             except ConfigError:
                 raise  # a usage error the client found only now: exit 2, not a failed pull
             except AsyncSubsError as exc:
-                log.debug("pull %s failed", resource, exc_info=True)  # --debug: the traceback
-                tell(UnitFailed(store, resource, describe_error(exc), self.stats(), None))
+                log.debug("pull %s failed", args.resource, exc_info=True)  # --debug: traceback
+                unit.failed(describe_error(exc))
                 return
             except BaseException:
-                tell(UnitStopped(store, resource, self.stats(), None))
+                unit.stopped()
                 raise
             finally:
-                self._keep_learned()
-            tell(UnitDone(store, resource, self.stats(), None))
+                await self.clients.keep(client)
+            unit.done()
 
     def main(self) -> int:
         try:

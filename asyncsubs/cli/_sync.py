@@ -35,8 +35,10 @@ from ..sync import (
     sink_for,
 )
 from ._common import (
+    CONFIG_FLAGS,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    USER_AGENT,
     CommandFailed,
     Runner,
     fraction,
@@ -159,6 +161,7 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
         resources=_resource_list(args.resources),
         only_stores=args.store,
         listen=args.listen is not None,
+        names=CONFIG_FLAGS,
     )
     if redis is not None:
         configs = [attrs.evolve(config, redis=redis) for config in configs]
@@ -195,7 +198,9 @@ def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runn
     async def sync() -> None:
         async with (
             sink,
-            SyncEngine(configs, sink, runner.progress, max_stores=args.max_stores) as e,
+            SyncEngine(
+                configs, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
+            ) as e,
         ):
             await run_round(e)
 

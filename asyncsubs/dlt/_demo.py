@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -77,11 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pipelines_dir=str(Path(tmp) / "pipelines"),
                 dataset_name="subs",
             )
+            # The state of an earlier run into this database (the pipeline's working directory
+            # is new each run): what its clients learned is where this run's start.
+            pipeline.sync_destination()
+            before = _learned(pipeline.state)
             started = time.monotonic()
             pipeline.run(subscription_service(stores=stores))
             elapsed = time.monotonic() - started
             rejected = sum(server.stats(name).rejected for name in names)
-            learned = pipeline.state["sources"]["subscription_service"]["learned"]
+            learned = _learned(pipeline.state)
         with duckdb.connect(str(database), read_only=True) as conn:
             tables = [
                 row[0]
@@ -100,10 +104,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for table in tables:
             out.write(f"{table:<{width}}  {counts[table]:>8,}\n")
         total = sum(counts[r] for r in RESOURCES if r in counts)
+        remembered = [name for name in names if name in before]
+        how = (
+            f"the clients started from what the last run learned ({len(remembered)} of "
+            f"{len(names)} stores, kept in the pipeline's state) and did not probe again"
+            if remembered
+            else "the clients were told neither the heavy pools' rates nor the page size, and "
+            "probed for them"
+        )
         out.write(
             f"\n{total:,} records ({args.records:,} per resource and store), {rejected} x 429 "
-            "from the server: the clients were told neither the heavy pools' rates nor the "
-            "page size, and probed for them\n"
+            f"from the server: {how}\n"
         )
         out.write(
             "learned, kept in the source's state: the rate the next run starts at (the "
@@ -120,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = database if args.duckdb else "a temporary file, now deleted"
         out.write(f"database: {where}\n")
     return 0
+
+
+def _learned(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    source: Mapping[str, Any] = state.get("sources", {}).get("subscription_service", {})
+    learned: Mapping[str, Any] = source.get("learned", {})
+    return learned
 
 
 def _starts_at(pool: dict[str, Any]) -> float:

@@ -10,23 +10,19 @@ learned of the servers is written to the source's state on the way out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections import Counter
 from collections.abc import MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import attrs
 
 from .. import AdminClient
-from ..errors import ConfigError
-from ..sync import DEFAULT_MAX_STORES
-from ._stores import Store, client_settings
+from ..stores import DEFAULT_MAX_STORES, LearnedState, Store, StoreClients
 
-if TYPE_CHECKING:
-    from ..redis import RedisLimiter
+__all__ = ["DEFAULT_MAX_STORES", "SourceClients", "StoreSlots"]
 
-__all__ = ["DEFAULT_MAX_STORES", "StoreClients", "StoreSlots"]
-
-log = logging.getLogger("asyncsubs.dlt")
+#: What the source's clients say they are, before the library's own user agent.
+USER_AGENT = "asyncsubs-dlt"
 
 
 class _Slot:
@@ -71,53 +67,32 @@ class _Run:
 
     def __init__(
         self,
-        stores: Sequence[Store],
-        list_paths: Sequence[str],
+        clients: SourceClients,
         learned: MutableMapping[str, Any],
-        redis_url: str | None,
-        max_stores: int,
     ) -> None:
         self.users = 0
-        self.slots = StoreSlots(max_stores)
-        self.learned = learned
-        self.limiters: dict[str, RedisLimiter] = {}
+        self.slots = StoreSlots(clients.max_stores)
+        self.stores = clients.stores
+        self.factory = StoreClients(
+            LearnedState(learned),
+            user_agent=USER_AGENT,
+            list_paths=clients.list_paths,
+            redis=clients.redis_url,
+        )
         self.clients: dict[str, AdminClient] = {}
-        for store in stores:
-            url = store.redis or redis_url
-            settings = client_settings(store, list_paths)
-            if url is not None:
-                settings["limiter"] = self._redis(url)
-            previous = learned.get(store.name)
-            if previous is not None:
-                try:
-                    self.clients[store.name] = AdminClient(**settings, learned=previous)
-                    continue
-                except ConfigError as exc:  # another base URL since: another server's limits
-                    log.info("store %s: not starting from what was learned (%s)", store.name, exc)
-            self.clients[store.name] = AdminClient(**settings)
 
-    def _redis(self, url: str) -> RedisLimiter:
-        if url not in self.limiters:
-            try:
-                from ..redis import RedisLimiter
-            except ImportError:
-                raise ConfigError(
-                    "a Redis URL needs redis-py: pip install 'asyncsubs[redis]'"
-                ) from None
-            self.limiters[url] = RedisLimiter(url)
-        return self.limiters[url]
+    async def open(self) -> None:
+        for store in self.stores:
+            self.clients[store.name] = await self.factory.open(store)
 
     async def aclose(self) -> None:
-        for name, client in self.clients.items():
-            self.learned[name] = client.export_learned()
         for client in self.clients.values():
+            await self.factory.keep(client)
             await client.aclose()
-        for limiter in self.limiters.values():
-            with contextlib.suppress(Exception):  # the run's outcome is decided; Redis is not it
-                await limiter.aclose()
+        await self.factory.aclose()
 
 
-class StoreClients:
+class SourceClients:
     """The stores' clients for every run of a source object, one set per event loop."""
 
     def __init__(
@@ -128,14 +103,15 @@ class StoreClients:
         max_stores: int = DEFAULT_MAX_STORES,
     ) -> None:
         self.stores = tuple(stores)
-        self._max_stores = max_stores
-        self._list_paths = tuple(list_paths)
-        self._redis_url = redis_url
+        self.max_stores = max_stores
+        self.list_paths = tuple(list_paths)
+        self.redis_url = redis_url
         self._runs: dict[asyncio.AbstractEventLoop, _Run] = {}
 
     def check(self, store: Store) -> None:
         """ConfigError if a client of ``store`` could not be made (it sends nothing)."""
-        AdminClient(**client_settings(store, self._list_paths), telemetry=False)
+        checker = StoreClients(None, list_paths=self.list_paths)
+        checker.client(attrs.evolve(store, redis=None), telemetry=False)
 
     def open(self, learned: MutableMapping[str, Any]) -> _Opened:
         """This loop's run (``async with``): its ``clients`` by store name, made by the first
@@ -143,12 +119,17 @@ class StoreClients:
         the last one leaves, and its ``slots``."""
         return _Opened(self, learned)
 
-    def _enter(self, learned: MutableMapping[str, Any]) -> _Run:
+    async def _enter(self, learned: MutableMapping[str, Any]) -> _Run:
         loop = asyncio.get_running_loop()
         run = self._runs.get(loop)
         if run is None:
-            run = _Run(self.stores, self._list_paths, learned, self._redis_url, self._max_stores)
-            self._runs[loop] = run
+            run = self._runs[loop] = _Run(self, learned)
+            try:
+                await run.open()
+            except BaseException:  # a client the settings refuse (checked before: unlikely)
+                del self._runs[loop]
+                await run.aclose()
+                raise
         run.users += 1
         return run
 
@@ -162,12 +143,12 @@ class StoreClients:
 class _Opened:
     """A resource's use of its loop's run (plain methods: see ``_source._Pulls``)."""
 
-    def __init__(self, clients: StoreClients, learned: MutableMapping[str, Any]) -> None:
+    def __init__(self, clients: SourceClients, learned: MutableMapping[str, Any]) -> None:
         self._clients, self._learned = clients, learned
         self._run: _Run | None = None
 
     async def __aenter__(self) -> _Run:
-        self._run = self._clients._enter(self._learned)
+        self._run = await self._clients._enter(self._learned)
         return self._run
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -2,7 +2,7 @@
 
 Each resource is an async generator. dlt runs all of them on one event loop of its own (the
 package's docstring says how), where they share one ``AdminClient`` per store
-(``StoreClients``). A resource pulls every store that serves its endpoint concurrently, one
+(``SourceClients``). A resource pulls every store that serves its endpoint concurrently, one
 task each, and yields each page as it arrives: a whole page per item, records as sent plus
 their ``store``.
 """
@@ -21,12 +21,12 @@ from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
 from dlt.extract.incremental import Incremental
 
-from .. import ListCall, Page
+from .. import Page
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
-from ..sync import check_redis_url
+from ..stores import Unit, check_redis_url
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import SEQ_COLUMN, STORE_COLUMN, Served
-from ._session import DEFAULT_MAX_STORES, StoreClients, StoreSlots
+from ._session import DEFAULT_MAX_STORES, SourceClients, StoreSlots
 from ._stores import RESOURCES, IncrementalFilter, Store, incremental_filters, stores_from_settings
 
 __all__ = ["DEFAULT_LAG", "subscription_service"]
@@ -80,18 +80,18 @@ class _Pulls:
     async generator of its loop at once (``shutdown_asyncgens``), the ones in use by others
     included, and the resource's own generator is the one that must do the cleaning up."""
 
-    def __init__(self, calls: Mapping[str, ListCall[Any]], slots: StoreSlots) -> None:
+    def __init__(self, pages: Mapping[str, AsyncIterator[Page[Any]]], slots: StoreSlots) -> None:
         self._queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = (
-            asyncio.Queue(maxsize=max(1, len(calls)))
+            asyncio.Queue(maxsize=max(1, len(pages)))
         )
         self._slots = slots
-        self._tasks = [asyncio.create_task(self._pull(s, c)) for s, c in calls.items()]
+        self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
         self._running = len(self._tasks)
 
-    async def _pull(self, store: str, call: ListCall[Any]) -> None:
+    async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
         try:
             async with self._slots.hold(store):
-                async for page in call.pages():
+                async for page in pages:
                     await self._queue.put((store, page, None))
         except Exception as exc:
             await self._queue.put((store, None, exc))
@@ -128,7 +128,7 @@ def _param(value: Any) -> Any:
 def _resource(
     name: str,
     path: str,
-    clients: StoreClients,
+    clients: SourceClients,
     stores: Sequence[Store],
     incremental: IncrementalFilter | None,
     lag: float,
@@ -180,17 +180,14 @@ def _resource(
             updated.advance(None)
         pulled: set[str] = set()
         async with clients.open(learned) as session:
-            calls = {}
+            pages = {}
             for store in stores:
                 params = {}
                 if incremental is not None and start is not None and store.name in known:
                     params[incremental.param] = start
-                calls[store.name] = (
-                    session.clients[store.name]
-                    .list_endpoint(path)
-                    .list(page_size=store.page_size, params=params or None)
-                )
-            pulls = _Pulls(calls, session.slots)
+                unit = Unit(session.clients[store.name], store.name, path)
+                pages[store.name] = unit.pages(page_size=store.page_size, params=params)
+            pulls = _Pulls(pages, session.slots)
             try:
                 while (item := await pulls.next()) is not None:
                     store_name, page = item
@@ -330,7 +327,7 @@ def subscription_service(
     if isinstance(max_stores, bool) or not isinstance(max_stores, int) or max_stores < 1:
         raise ConfigError(f"max_stores must be a whole number >= 1, got {max_stores!r}")
     redis = None if redis_url is None else check_redis_url(str(redis_url), where="redis_url")
-    clients = StoreClients(found, wanted, redis, max_stores)
+    clients = SourceClients(found, wanted, redis, max_stores)
     # Settings each client will be made with, checked now (no I/O): a bad URL or token fails
     # here rather than inside the extract.
     for s in found:

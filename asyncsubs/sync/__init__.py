@@ -12,9 +12,9 @@
 
 The parts, in the order one synced page passes them:
 
-- ``_config``: ``stores.toml`` read and checked (``load_config``), one ``StoreConfig`` a store;
+- ``asyncsubs.stores``: the stores (``load_config``), their clients, a unit's pull;
 - ``_engine``: ``SyncEngine.pull`` runs one unit, a ``(store, resource)``, page by page, each
-  page committed with its cursor; it tells an observer what happens (``_events``);
+  page committed with its cursor; it tells an observer what happens;
 - ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
   through the sink's leases;
 - ``_sink``: the roles a sink plays (``Records``, ``LearnedLimits``, ``WebhookTables``,
@@ -27,26 +27,13 @@ The engine knows nothing of how progress is shown: the command line's live table
 and JSON lines are observers of its events.
 """
 
-from ._config import (
+from ..stores import (
+    DEFAULT_MAX_STORES,
     DEFAULT_PAGE_SIZE,
     LISTEN_INCREMENTAL,
     ConfigFileError,
-    Incremental,
-    StoreConfig,
-    check_base_url,
-    check_redis_url,
-    load_config,
-    parse_rate,
-)
-from ._engine import (
-    DEFAULT_MAX_STORES,
-    SyncEngine,
-    UnitPool,
-    clamped_page_note,
-    describe_error,
-)
-from ._events import (
     Event,
+    Incremental,
     Message,
     Observer,
     PageCommitted,
@@ -61,7 +48,15 @@ from ._events import (
     WebhookCounts,
     WebhookRefused,
     WorkerIdle,
+    check_base_url,
+    check_redis_url,
+    clamped_page_note,
+    describe_error,
+    load_config,
+    parse_rate,
 )
+from ..stores import Store as StoreConfig
+from ._engine import SyncEngine
 from ._listen import DEFAULT_RECONCILE_EVERY, REQUEUE_BELOW_ATTEMPTS, ListenSync, WebhookApplyError
 from ._open import DEFAULT_DB_TIMEOUT, sink_for
 from ._schedulers import run_round
@@ -117,7 +112,6 @@ __all__ = [
     "UnitDone",
     "UnitFailed",
     "UnitNote",
-    "UnitPool",
     "UnitStarted",
     "UnitState",
     "UnitStatus",

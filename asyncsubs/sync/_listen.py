@@ -45,6 +45,15 @@ from aiohttp import web
 
 from ..errors import ConfigError
 from ..json import dumps
+from ..stores import (
+    DEFAULT_MAX_STORES,
+    Message,
+    Observer,
+    WebhookCounts,
+    WebhookRefused,
+    describe_error,
+)
+from ..stores import Store as StoreConfig
 from ..webhooks import (
     DeliveryRefused,
     Handler,
@@ -56,9 +65,7 @@ from ..webhooks import (
     WebhookReceiver,
     resolve_store_binding,
 )
-from ._config import StoreConfig
-from ._engine import DEFAULT_MAX_STORES, SyncEngine, describe_error
-from ._events import Message, Observer, WebhookCounts, WebhookRefused
+from ._engine import SyncEngine
 from ._schedulers import run_round
 from ._sink import DatabaseError, DatabaseUnavailable, Sink
 
@@ -158,11 +165,14 @@ class ListenSync:
         *,
         max_stores: int = DEFAULT_MAX_STORES,
         limits: ListenerLimits | None = None,
+        user_agent: str | None = None,
     ) -> None:
         self.configs = list(configs)
         self.sink = sink
         self.observe = observe
-        self.engine = SyncEngine(configs, sink, observe, max_stores=max_stores)
+        self.engine = SyncEngine(
+            configs, sink, observe, max_stores=max_stores, user_agent=user_agent
+        )
         self.limits = limits or ListenerLimits()
         missing = [config.store for config in configs if config.webhook is None]
         if missing:

@@ -25,9 +25,8 @@ import contextlib
 from collections.abc import Awaitable, Iterable
 
 from .. import AdminClient
-from ._config import StoreConfig
+from ..stores import Message, RunStarted, Store, WorkerIdle
 from ._engine import SyncEngine
-from ._events import Message, RunStarted, WorkerIdle
 from ._sink import DatabaseError, Leases
 
 __all__ = ["run_round"]
@@ -39,7 +38,7 @@ async def run_round(engine: SyncEngine) -> int:
     engine.rounds += 1
     leases = engine.sink.leases
     if leases is None:
-        units = tuple((c.store, r) for c in engine.configs for r in c.resources)
+        units = tuple((c.name, r) for c in engine.configs for r in c.resources)
         engine.observe(RunStarted(engine.rounds, units))
         return await _in_this_process(engine)
     engine.observe(RunStarted(engine.rounds))
@@ -71,14 +70,14 @@ async def _in_this_process(engine: SyncEngine) -> int:
     slots = asyncio.Semaphore(engine.max_stores)
     failed = 0
 
-    async def unit(client: AdminClient, config: StoreConfig, resource: str) -> None:
+    async def unit(client: AdminClient, config: Store, resource: str) -> None:
         nonlocal failed
         # Awaited before the addition: ``failed += await ...`` would read ``failed`` before
         # the pull and lose the failures counted by other units meanwhile.
         error = await engine.pull(client, config, resource)
         failed += error is not None
 
-    async def store(config: StoreConfig) -> None:
+    async def store(config: Store) -> None:
         async with slots, await engine.open_client(config) as client:
             await _all(unit(client, config, resource) for resource in config.resources)
 
@@ -93,13 +92,13 @@ class _Clients:
         self.engine = engine
         self._clients: dict[str, tuple[AdminClient, int]] = {}
 
-    async def acquire(self, config: StoreConfig) -> AdminClient:
-        if config.store not in self._clients:
-            learned = await self.engine.sink.load_learned(config.store)
-            if config.store not in self._clients:  # another unit of the store, meanwhile
-                self._clients[config.store] = (self.engine.client(config, learned), 0)
-        client, users = self._clients[config.store]
-        self._clients[config.store] = (client, users + 1)
+    async def acquire(self, config: Store) -> AdminClient:
+        if config.name not in self._clients:
+            client = await self.engine.open_client(config)
+            if config.name not in self._clients:  # another unit of the store, meanwhile
+                self._clients[config.name] = (client, 0)
+        client, users = self._clients[config.name]
+        self._clients[config.name] = (client, users + 1)
         return client
 
     async def release(self, store: str) -> None:
@@ -116,8 +115,8 @@ class _Clients:
 
 
 async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
-    by_store = {config.store: config for config in engine.configs}
-    units = [(config.store, resource) for config in engine.configs for resource in config.resources]
+    by_store = {config.name: config for config in engine.configs}
+    units = [(config.name, resource) for config in engine.configs for resource in config.resources]
     if not units:
         return 0
     await leases.join_round(units)

@@ -19,6 +19,7 @@ import attrs
 
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
+from ..stores import RESOURCES
 from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
@@ -49,8 +50,6 @@ __all__ = [
 ]
 
 R = TypeVar("R")
-#: The list endpoints a sync stores, one table each.
-RESOURCES: Final = ("subscriptions", "customers", "orders")
 STATE_TABLE: Final = "asyncsubs_sync_state"
 #: The state table's columns ``UnitState.from_row`` reads, in its order.
 STATE_COLUMNS: Final = (

@@ -54,12 +54,12 @@ def _header(name: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return
     if not isinstance(value, str) or not _HEADER_RE.match(value):
-        raise ConfigError(f"{name} must be an HTTP header name, got {value!r}")
+        raise ConfigError(f"must be an HTTP header name, got {value!r}", key=name, sep=" ")
 
 
 def _key(name: str, value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
+        raise ConfigError(f"must be a non-empty string or None, got {value!r}", key=name, sep=" ")
 
 
 def _aliases(value: object) -> Mapping[str, str]:
@@ -217,24 +217,26 @@ class WebhookConfig:
     def _check_signing(self) -> None:
         scheme = self.scheme
         if scheme not in SCHEMES:
-            raise ConfigError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+            problem = f"must be one of {', '.join(SCHEMES)}, got {scheme!r}"
+            raise ConfigError(problem, key="scheme", sep=" ")
         if self.encoding not in _ENCODINGS:
-            raise ConfigError(f"encoding must be 'hex' or 'base64', got {self.encoding!r}")
+            problem = f"must be 'hex' or 'base64', got {self.encoding!r}"
+            raise ConfigError(problem, key="encoding", sep=" ")
         if (
             not isinstance(self.algorithm, str)
             or self.algorithm not in hashlib.algorithms_available
         ):
-            raise ConfigError(f"algorithm must be a hashlib algorithm, got {self.algorithm!r}")
+            problem = f"must be a hashlib algorithm, got {self.algorithm!r}"
+            raise ConfigError(problem, key="algorithm", sep=" ")
         try:
             # Some hashlib names (shake_128, shake_256, ...) cannot key an HMAC: every delivery
             # would then fail to verify, so they are refused here.
             hmac.new(b"k", b"", self.algorithm)
         except (ValueError, TypeError):
-            raise ConfigError(
-                f"algorithm must be usable with HMAC, got {self.algorithm!r}"
-            ) from None
+            problem = f"must be usable with HMAC, got {self.algorithm!r}"
+            raise ConfigError(problem, key="algorithm", sep=" ") from None
         if not isinstance(self.signature_prefix, str):
-            raise ConfigError("signature_prefix must be a string")
+            raise ConfigError("must be a string", key="signature_prefix", sep=" ")
         _header("signature_header", self.signature_header, optional=False)
         _header("timestamp_header", self.timestamp_header, optional=True)
         _header("id_header", self.id_header, optional=True)

@@ -1,4 +1,5 @@
-"""``stores.toml``, the stores a sync pulls, read and checked before any request.
+"""``stores.toml`` (and dlt's store tables), the stores a door pulls, read and checked before
+any request.
 
 The file's shape is a few attrs classes: ``[defaults]`` and each ``[stores.<id>]`` are a
 ``StoreOptions`` (a store adds ``base_url`` and ``token_env``), ``limits`` a ``LimitsTable``.
@@ -6,13 +7,16 @@ The package's cattrs converter structures them, every unknown key a problem, eac
 checked by its attribute's validator; a key with a problem is left out and the rest checked, so
 a user fixes a file in one pass. Then each store is checked as a whole: its base URL, version
 and token by ``asyncsubs.settings`` (the client's own checks), its limits by ``Limits``, its
-secrets by the environment variables it names (never echoed). With ``--listen``, each store's
+secrets by the environment variables it names (never echoed). To listen, each store's
 ``webhook_*`` keys make its ``WebhookConfig``, and ``resolve_store_binding`` refuses stores that
 share a webhook secret without a way to tell their deliveries apart.
 
-``load_config(path, env)`` returns one ``StoreConfig`` per store or raises ``ConfigFileError``,
-whose ``problems`` are one line each, named by the key as written in the file
-(``stores.acme.limits.heavy.orders: ...``), each problem once, in the file's order.
+``load_config(path, env)`` returns one ``Store`` per store or raises ``ConfigFileError``,
+whose ``errors`` say each problem once, in the file's order, with the key as written in the
+file (``stores.acme.limits.heavy.orders``); ``stores_from_tables`` reads dlt's tables alike.
+The walk over cattrs' errors (``_walk``) keeps each key path as keys, not as the string
+``transform_error`` makes of it: problems are sorted by where their keys are in the file, and
+the keys that hold one are left out to check the rest.
 """
 
 from __future__ import annotations
@@ -31,28 +35,21 @@ from cattrs.gen import make_dict_structure_fn, override
 from .. import Limits, Rate, RetryPolicy
 from .._converter import converter
 from ..errors import ConfigError
-from ..settings import DEFAULT_VERSION, check_token, check_version, versioned_base
+from ..settings import DEFAULT_VERSION, check_token, check_version
 from ..webhooks import WebhookConfig, resolve_store_binding
-from ._sink import RESOURCES
+from ._store import (
+    DEFAULT_PAGE_SIZE,
+    LISTEN_INCREMENTAL,
+    RESOURCES,
+    Incremental,
+    Store,
+    check_base_url,
+    check_redis_url,
+    parse_rate,
+)
 
-__all__ = [
-    "ConfigFileError",
-    "DEFAULT_PAGE_SIZE",
-    "Incremental",
-    "LISTEN_INCREMENTAL",
-    "StoreConfig",
-    "check_base_url",
-    "check_redis_url",
-    "load_config",
-    "parse_rate",
-]
+__all__ = ["ConfigFileError", "incremental_filters", "load_config", "stores_from_tables"]
 
-#: Records per request unless configured: the largest page the server serves, learned while
-#: pulling (the interface names no maximum). The heavy list pools allow a few requests a second,
-#: so records per request is what makes a pull fast.
-DEFAULT_PAGE_SIZE: Final = "max"
-_RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
-_RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 2, per = 3.0 }'
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -79,96 +76,22 @@ _PROBE_SECRET: Final = "whsec_AAAA"
 
 
 class ConfigFileError(ConfigError):
-    """One or more problems in the configuration; ``problems`` lists each on one line."""
+    """One or more problems in the configuration: ``errors``, each a ``ConfigError`` whose
+    ``key`` names where (``stores.acme.limits``: a key path, a parameter, or the file), and
+    ``problems``, each on one line."""
 
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = tuple(problems)
-
-
-@attrs.frozen
-class Incremental:
-    """Incremental pulls: pass ``param`` = a high-water value of record field ``field``."""
-
-    param: str
-    field: str
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        unique = {str(error): error for error in errors}  # each problem once, in order
+        super().__init__("; ".join(unique))
+        self.errors = tuple(unique.values())
+        self.problems = tuple(unique)
 
 
-#: The filter ``sync --listen`` reconciles with where a resource configures none: the fake
-#: server's name (the interface does not name one; configure ``incremental.<resource>``).
-LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
-
-
-@attrs.frozen
-class StoreConfig:
-    """Everything needed to sync one store."""
-
-    store: str
-    base_url: str
-    token: str = attrs.field(repr=False)
-    token_env: str = ""
-    resources: tuple[str, ...] = RESOURCES
-    #: Records per request: a fixed number, or ``"max"`` (learned; the default).
-    page_size: int | Literal["max"] = DEFAULT_PAGE_SIZE
-    #: Heavy pools not given a rate discover theirs (``Limits(discover=True)``).
-    limits: Limits = attrs.Factory(lambda: Limits(discover=True))
-    retry: RetryPolicy = attrs.Factory(RetryPolicy)
-    timeout: float = 30.0
-    #: The interface version in the path.
-    version: str = DEFAULT_VERSION
-    allow_insecure: bool = False
-    incremental: Mapping[str, Incremental] = attrs.Factory(dict)
-    #: The store's webhook receiver (only with ``--listen``: its secrets read from the
-    #: environment, its store binding resolved), and the variable its secret came from.
-    webhook: WebhookConfig | None = None
-    webhook_secret_env: str = ""
-    #: Pace through ``RedisLimiter`` on this Redis (``redis`` key or ``--redis``): the store's
-    #: budget shared by every worker. May hold a password, hence no repr.
-    redis: str | None = attrs.field(default=None, repr=False)
-    #: While that Redis fails, pace in this process alone at this fraction of each rate
-    #: (``redis_fallback`` key; ``RedisLimiter``'s ``fallback_fraction``); None: requests fail.
-    redis_fallback: float | None = None
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-def parse_rate(value: object) -> Rate:
-    """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
-    (naming no internal field) otherwise. ``Rate`` checks the numbers."""
-    if isinstance(value, Rate):
-        return value
-    n: object
-    per: object = 1.0
-    if isinstance(value, str):
-        match = _RATE_RE.match(value)
-        if match is None:
-            raise ConfigError(f"{_RATE_HINT}, got {value!r}")
-        n, per = int(match[1]), float(match[2] or 1.0)
-    elif isinstance(value, Mapping):
-        # Both keys, always: a table missing one is more likely a typo than a default.
-        if set(value) != {"n", "per"}:
-            raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
-        n, per = value["n"], value["per"]
-    else:
-        n = value
-    try:
-        return Rate(n, per=per)  # type: ignore[arg-type]
-    except ConfigError as exc:  # Rate's own checks, said in the file's terms
-        what = (
-            "a period of seconds > 0"
-            if "Rate.per" in str(exc)
-            else "a whole number of requests >= 1"
-        )
-        raise ConfigError(f"a rate needs {what}, got {value!r}") from None
-
-
-def check_redis_url(url: object, *, where: str) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
-    it may hold a password)."""
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"{where}: expected a redis://, rediss:// or unix:// URL")
-    return url
+def _at(path: Sequence[str] | Path | str, problem: object) -> ConfigError:
+    """``problem`` (a message, or a ConfigError: its problem) of the key at ``path``."""
+    text = problem.problem if isinstance(problem, ConfigError) else str(problem)
+    key = _key_path(path) if isinstance(path, tuple | list) else str(path)
+    return ConfigError(text, key=key)
 
 
 def _resources(value: object) -> tuple[str, ...]:
@@ -251,7 +174,7 @@ def _webhook_setting(setting: str, **context: Any) -> Callable[[Any, Any, Any], 
         try:
             WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
         except ConfigError as exc:
-            raise ConfigError(str(exc).removeprefix(f"{setting} ")) from None
+            raise ConfigError(exc.problem) from None
 
     return _checked(check)
 
@@ -309,6 +232,8 @@ def _heavy(resource: str, value: Any) -> Rate:
 
 
 def _incremental(resource: str, value: Any) -> Incremental:
+    if isinstance(value, Incremental):
+        return value
     if (
         not isinstance(value, Mapping)
         or set(value) != {"param", "field"}
@@ -356,6 +281,13 @@ class StoreTable(StoreOptions):
     webhook_store_id: str | None = _key(parse=_store_id)
 
 
+@attrs.frozen(kw_only=True)
+class SecretStoreTable(StoreTable):
+    """A store's table in dlt's config and secrets: the token itself, not its variable."""
+
+    token: str | None = _key(_checked(check_token))
+
+
 class _TableProblems(Exception):
     """Problems of a table's keys, ``(key, problem)``, each walked in turn (``_walk``)."""
 
@@ -364,14 +296,17 @@ class _TableProblems(Exception):
         self.problems = problems
 
 
-def _table_of(value: Any, item: Callable[[str, Any], Any], what: str) -> dict[str, Any]:
-    """A table of resource = ``item(resource, value)``; every problem by its key."""
+def _table_of(
+    value: Any, item: Callable[[str, Any], Any], what: str, *, any_path: bool = False
+) -> dict[str, Any]:
+    """A table of resource = ``item(resource, value)``; every problem by its key. The keys are
+    the interface's resources, or (``any_path``) any list path."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"must be a table of {what}, got {value!r}")
     result, problems = {}, []
     for resource, spec in value.items():
         try:
-            if resource not in RESOURCES:
+            if resource not in RESOURCES and not any_path:
                 raise ForbiddenExtraKeysError(None, dict, {resource})
             result[resource] = item(resource, spec)
         except (ConfigError, ForbiddenExtraKeysError) as exc:
@@ -385,6 +320,7 @@ _TABLES: Final = {
     LimitsTable: "global, heavy, max_in_flight, max_margin, safety_margin, server_limits",
     StoreOptions: "keys shared by every store",
     StoreTable: "keys of the store",
+    SecretStoreTable: "keys of the store",
 }
 #: Keys whose attribute has another name.
 _RENAMED: Final = {"global_rate": "global"}
@@ -428,6 +364,7 @@ def _register(cls: type[Any], what: str) -> None:
 _register(LimitsTable, _TABLES[LimitsTable])
 _register(StoreOptions, _TABLES[StoreOptions])
 _register(StoreTable, _TABLES[StoreTable])
+_register(SecretStoreTable, _TABLES[SecretStoreTable])
 
 
 # -- problems --------------------------------------------------------------------------------
@@ -479,14 +416,14 @@ def _in_file_order(data: Any, path: tuple[str, ...]) -> tuple[int, ...]:
 
 
 def _structure(
-    cls: type[Any], table: Mapping[str, Any], path: tuple[str, ...], problems: list[str]
+    cls: type[Any], table: Mapping[str, Any], path: tuple[str, ...], problems: list[ConfigError]
 ) -> Any:
     """``table`` as ``cls``, its problems reported, the keys that hold them left out."""
     try:
         return converter.structure(table, cls)
     except (ClassValidationError, ValueError) as exc:
         found = sorted(_walk(exc, path), key=lambda p: _in_file_order(table, p[0][len(path) :]))
-    problems.extend(f"{_key_path(where)}: {message}" for where, message in found)
+    problems.extend(_at(where, message) for where, message in found)
     bad = {where[len(path)] for where, _ in found if len(where) > len(path)}
     try:
         return converter.structure({k: v for k, v in table.items() if k not in bad}, cls)
@@ -525,7 +462,7 @@ def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
 
 
 def _reporter(
-    where: tuple[str, ...], own: StoreTable, problems: list[str]
+    where: tuple[str, ...], own: StoreTable, problems: list[ConfigError]
 ) -> Callable[[str, Callable[[], Any]], Any]:
     """``check(key, test)``: what ``test`` returns, or None with its ConfigError reported under
     ``key`` where its value came from: the store's own key, or the default's."""
@@ -535,7 +472,7 @@ def _reporter(
             return test()
         except ConfigError as exc:
             at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
-            problems.append(f"{_key_path(at)}: {exc}")
+            problems.append(_at(at, exc))
             return None
 
     return check
@@ -547,10 +484,10 @@ def _store(
     own: StoreTable,
     defaults: StoreOptions,
     env: Mapping[str, str],
-    problems: list[str],
+    problems: list[ConfigError],
     *,
-    listen: bool,
-) -> StoreConfig | None:
+    listen: str | None,
+) -> Store | None:
     """One store's config from its own keys over ``defaults``; None when anything about it is
     wrong (each problem reported under the key the user has to change)."""
     where = ("stores", store_id)
@@ -558,32 +495,35 @@ def _store(
     values = _merged(defaults, own)
     check = _reporter(where, own, problems)
 
-    for key in _REQUIRED:
+    secret = isinstance(own, SecretStoreTable)
+    for key in ("base_url", "token") if secret else _REQUIRED:
         if key not in table:
-            problems.append(f"{_key_path(where)}: {key} is required")
+            problems.append(_at(where, f"{key} is required"))
     version = values.get("version", DEFAULT_VERSION)
     allow_insecure = values.get("allow_insecure", False)
     if own.base_url is not None:
         url = own.base_url
         hint = "allow_insecure = true"
         check("base_url", lambda: check_base_url(url, version, allow_insecure, insecure_hint=hint))
-    token = ""
+    token = own.token or "" if isinstance(own, SecretStoreTable) else ""
     if own.token_env is not None:
         name = own.token_env
         token = check("token_env", lambda: _token(_from_env(name, env), name)) or ""
-    # Read only with --listen: a plain sync of the same config must not need a secret.
-    webhook = _webhook(where, table, values, env, problems, check) if listen else None
+    # Read only to listen: a plain sync of the same config must not need a secret.
+    webhook = _webhook(where, table, values, env, problems, check, listen) if listen else None
+    limits = None  # none given: every pool the store's client has discovers its rate
     try:
-        limits = Limits(**values["limits"], discover=True)
+        if own.limits is not None or defaults.limits is not None:
+            limits = Limits(**values["limits"], discover=True)
     except ConfigError as exc:
-        problems.append(f"{_key_path((*where, 'limits'))}: {str(exc).replace('Limits.', '')}")
+        problems.append(_at((*where, "limits"), exc))
     if len(problems) > before:
         return None
     incremental = dict(values.get("incremental", {}))
     if listen:  # reconciliation pulls are incremental: every resource needs a filter
         incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
-    return StoreConfig(
-        store=store_id,
+    return Store(
+        name=store_id,
         base_url=own.base_url or "",
         token=token,
         token_env=own.token_env or "",
@@ -607,11 +547,13 @@ def _webhook(
     table: Mapping[str, Any],
     values: Mapping[str, Any],
     env: Mapping[str, str],
-    problems: list[str],
+    problems: list[ConfigError],
     check: Callable[[str, Callable[[], Any]], Any],
+    listen: str,
 ) -> WebhookConfig | None:
     """The store's webhook receiver from its ``webhook_*`` keys over ``[defaults]``, its secrets
-    read from the variables they name; None when anything about it is wrong (reported)."""
+    read from the variables they name; None when anything about it is wrong (reported).
+    ``listen``: what the caller calls listening, for the message of a missing secret."""
     scheme = values.get("webhook_scheme", "hmac")
 
     def secret(key: str, name: str) -> str | None:
@@ -621,8 +563,11 @@ def _webhook(
     secret_env = values.get("webhook_secret_env")
     if secret_env is None and "webhook_secret_env" not in table:  # else reported as invalid
         problems.append(
-            f"{_key_path(where)}: webhook_secret_env is required with --listen (the name of the "
-            "environment variable holding the store's webhook secret)"
+            _at(
+                where,
+                f"webhook_secret_env is required with {listen} (the name of the environment "
+                "variable holding the store's webhook secret)",
+            )
         )
     secrets = [None if secret_env is None else secret("webhook_secret_env", secret_env)]
     for name in values.get("webhook_previous_secrets_env", ()):
@@ -637,7 +582,7 @@ def _webhook(
         config = WebhookConfig(current if read else _PROBE_SECRET, **settings)
     except ConfigError as exc:  # settings that do not go together
         own = any(f"webhook_{name}" in table for name in _WEBHOOK_SETTINGS)
-        problems.append(f"{_key_path(where if own else ('defaults',))}: {_in_keys(str(exc))}")
+        problems.append(_at(where if own else ("defaults",), _in_keys(str(exc))))
         return None
     return attrs.evolve(config, previous_secrets=previous) if read else None
 
@@ -671,22 +616,22 @@ def _in_keys(message: str) -> str:
 def _unselected_webhook(
     store_id: str, table: Mapping[str, Any], defaults: StoreOptions, env: Mapping[str, str]
 ) -> WebhookConfig | None:
-    """The webhook receiver of a store ``--store`` left out, for the binding only: a secret it
+    """The webhook receiver of a store ``only_stores`` left out, for the binding only: a secret it
     shares with a selected store would let its deliveries be replayed to that store's URL. Its
     problems are not this run's: None when it has any."""
-    scratch: list[str] = []
+    scratch: list[ConfigError] = []
     where = ("stores", store_id)
     own = _structure(StoreTable, table, where, scratch)
     check = _reporter(where, own, scratch)
-    webhook = _webhook(where, table, _merged(defaults, own), env, scratch, check)
+    webhook = _webhook(where, table, _merged(defaults, own), env, scratch, check, "")
     return None if scratch else webhook
 
 
 def _bind(
-    configs: list[StoreConfig], others: Mapping[str, WebhookConfig], problems: list[str]
-) -> list[StoreConfig]:
+    configs: list[Store], others: Mapping[str, WebhookConfig], problems: list[ConfigError]
+) -> list[Store]:
     """``configs`` with their webhook binding said by ``resolve_store_binding``, from the secrets
-    of every store of the file (``others``: those ``--store`` left out); stores that share a
+    of every store of the file (``others``: those ``only_stores`` left out); stores that share a
     secret without distinct ``webhook_store_id`` values are one problem naming the keys."""
     webhooks = {c.store: c.webhook for c in configs if c.webhook is not None}
     keys = {key for webhook in webhooks.values() for key in webhook.keys}
@@ -699,18 +644,9 @@ def _bind(
     try:
         bound = resolve_store_binding(webhooks, name=key)
     except ConfigError as exc:
-        problems.append(str(exc))
+        problems.append(exc)
         return configs
     return [attrs.evolve(c, webhook=bound.get(c.store, c.webhook)) for c in configs]
-
-
-def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
-    """``url`` checked as the client checks it (ConfigError), a plain-http one naming how the
-    caller allows it (``insecure_hint``: a flag or a config key)."""
-    hint = f"{insecure_hint} on a trusted network"
-    versioned_base(url, version, allow_insecure=allow_insecure, insecure_hint=hint)  # type: ignore[arg-type]
-    assert isinstance(url, str)
-    return url
 
 
 def _token(token: str, name: str) -> str:
@@ -727,44 +663,85 @@ def load_config(
     resources: Iterable[str] | None = None,
     only_stores: Iterable[str] | None = None,
     listen: bool = False,
-) -> list[StoreConfig]:
+    names: Mapping[str, str] = {},
+) -> list[Store]:
     """Read and check ``path``; ConfigFileError listing every problem, one line each, named
     by its key (``stores.acme.limits.heavy.orders``).
 
-    ``resources`` (from ``--resources``) replaces each store's list; ``only_stores`` (from
-    ``--store``) selects stores by id. ``listen`` (``--listen``): each store's webhook secret
-    must be set, its ``webhook`` is made from its ``webhook_*`` keys with the store binding
-    resolved over every store of the file, and resources without ``incremental`` get
-    ``LISTEN_INCREMENTAL``.
+    ``resources`` replaces each store's list; ``only_stores`` selects stores by id.
+    ``listen``: each store's webhook secret must be set, its ``webhook`` is made from its
+    ``webhook_*`` keys with the store binding resolved over every store of the file, and
+    resources without ``incremental`` get ``LISTEN_INCREMENTAL``. ``names``: how the caller
+    names these parameters in messages (the command line: by its flags), by parameter name.
     """
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigFileError([f"{path}: cannot read the config file ({exc.strerror})"]) from None
+        raise ConfigFileError(
+            [_at(path, f"cannot read the config file ({exc.strerror})")]
+        ) from None
     except UnicodeDecodeError:
-        raise ConfigFileError([f"{path}: the config file is not UTF-8"]) from None
+        raise ConfigFileError([_at(path, "the config file is not UTF-8")]) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigFileError([f"{path}: invalid TOML: {exc}"]) from None
+        raise ConfigFileError([_at(path, f"invalid TOML: {exc}")]) from None
+    return _load(
+        data, env, path, resources=resources, only_stores=only_stores, listen=listen, names=names
+    )
 
-    problems: list[str] = []
+
+def incremental_filters(value: object, key: str) -> dict[str, Incremental]:
+    """``{path: Incremental}`` from ``Incremental`` values or ``{param, field}`` tables by list
+    path (``key`` names the setting); ConfigFileError listing every problem otherwise."""
+    if value is None:
+        return {}
+    what = f"resource = {_INCREMENTAL}"
+    try:
+        return _table_of(value, _incremental, what, any_path=True)
+    except (ConfigError, _TableProblems) as exc:
+        raise ConfigFileError([_at(at, problem) for at, problem in _walk(exc, (key,))]) from None
+
+
+def stores_from_tables(tables: object) -> list[Store]:
+    """Stores from tables that hold their tokens, by store name (dlt's config and secrets:
+    ``stores.<name>``), each with the keys of a ``stores.toml`` store; ConfigFileError listing
+    every problem, named by its key."""
+    return _load({"stores": tables}, {}, "stores", table_class=SecretStoreTable)
+
+
+def _load(
+    data: Mapping[str, Any],
+    env: Mapping[str, str],
+    path: Path | str,
+    *,
+    resources: Iterable[str] | None = None,
+    only_stores: Iterable[str] | None = None,
+    listen: bool = False,
+    names: Mapping[str, str] = {},
+    table_class: type[StoreTable] = StoreTable,
+) -> list[Store]:
+
+    listen_as = names.get("listen", "listen=True") if listen else None
+    problems: list[ConfigError] = []
     for key in data:
         if key not in ("defaults", "stores"):
-            problems.append(f"{_key_path([key])}: {_unknown(key, ('defaults', 'stores'), ())}")
+            problems.append(_at((key,), _unknown(key, ("defaults", "stores"), ())))
     defaults = _structure(StoreOptions, data.get("defaults", {}), ("defaults",), problems)
     stores = data.get("stores")
     if not isinstance(stores, Mapping) or not stores:
-        problems.append(f"{path}: no stores; add a [stores.<id>] table per store")
+        problems.append(_at(path, "no stores; add a [stores.<id>] table per store"))
         stores = {}
     override_resources = None
     if resources is not None:
         try:
             override_resources = _resources(list(resources))
         except ConfigError as exc:
-            problems.append(f"--resources: {exc}")
+            problems.append(_at(names.get("resources", "resources"), exc))
     wanted = None if only_stores is None else list(dict.fromkeys(only_stores))
     for store_id in wanted or ():
         if store_id not in stores:
-            problems.append(f"--store: no store {store_id!r} in {path}")
+            problems.append(
+                _at(names.get("only_stores", "only_stores"), f"no store {store_id!r} in {path}")
+            )
 
     configs = []
     others: dict[str, WebhookConfig] = {}
@@ -777,13 +754,13 @@ def load_config(
             continue
         where = ("stores", store_id)
         if not isinstance(table, Mapping):
-            problems.append(f"{_key_path(where)}: must be a table")
+            problems.append(_at(where, "must be a table"))
         elif not store_id.strip():
-            problems.append(f"{_key_path(where)}: a store id must not be blank")
+            problems.append(_at(where, "a store id must not be blank"))
         else:
             before = len(problems)
-            own = _structure(StoreTable, table, where, problems)
-            config = _store(store_id, table, own, defaults, env, problems, listen=listen)
+            own = _structure(table_class, table, where, problems)
+            config = _store(store_id, table, own, defaults, env, problems, listen=listen_as)
             if config is not None and len(problems) == before:
                 if override_resources is not None:
                     config = attrs.evolve(config, resources=override_resources)
@@ -791,5 +768,5 @@ def load_config(
     if listen:
         configs = _bind(configs, others, problems)
     if problems:
-        raise ConfigFileError(list(dict.fromkeys(problems)))  # each problem once
+        raise ConfigFileError(problems)
     return configs

@@ -1,4 +1,4 @@
-"""What a sync tells its observer: typed events, each a frozen value.
+"""What a door's run tells its observer (``pull``'s, ``sync``'s): typed events, each frozen.
 
 A unit is one ``(store, resource)``. Its events come in this order: ``UnitStarted``, then any
 number of ``PageCommitted``, ``Retrying`` and ``UnitNote``, then one of ``UnitDone``,

@@ -1,0 +1,111 @@
+"""Where what a store's pools learned (``AdminClient.export_learned()``) is kept between runs.
+
+``LearnedStore`` is the interface: what a store learned, by the store's name, loaded before its
+client is made and saved after a unit. The backends: ``LearnedFile`` (a file in the user's cache
+directory: ``pull``), ``LearnedState`` (a mapping: the dlt source's state), a sync's database (its
+sink, whose ``asyncsubs_learned`` table has the same two methods), and Redis, where a
+``RedisLimiter``'s pools share what they learn as they learn it, under the same name.
+
+Keyed by the name, not the address: a store reached at another address (a fake server on a new
+port, a proxy) is the same store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from ..json import dumps, loads
+
+__all__ = ["FILE_FORMAT", "LearnedFile", "LearnedState", "LearnedStore"]
+
+FILE_FORMAT: Final = "asyncsubs.learned-file/1"
+
+
+class LearnedStore(Protocol):
+    """What stores learned, by store name."""
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        """What ``store``'s pools learned when last saved (None: nothing saved)."""
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        """Keep what ``store``'s pools learned."""
+
+
+class LearnedState:
+    """What stores learned, in a mapping the caller keeps (the dlt source's state)."""
+
+    def __init__(self, state: MutableMapping[str, Any]) -> None:
+        self.state = state
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        found: Mapping[str, Any] | None = self.state.get(store)
+        return found
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        self.state[store] = dict(learned)
+
+
+def _cache_dir() -> Path:
+    own = os.environ.get("ASYNCSUBS_CACHE_DIR")
+    if own:
+        return Path(own)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "asyncsubs"
+
+
+class LearnedFile:
+    """One JSON file in the user's cache directory, ``$ASYNCSUBS_CACHE_DIR`` or
+    ``$XDG_CACHE_HOME/asyncsubs`` (``~/.cache/asyncsubs``), named ``learned.json``::
+
+        {"format": "asyncsubs.learned-file/1",
+         "stores": [<AdminClient.export_learned() of a store>, ...]}
+
+    one export per store. Saving a store's keeps the others. A file that cannot be read, or is
+    not this format, is ignored with one warning (``warn``) and replaced when saved. Deleting
+    it forgets everything; a learned value is probed again after a day anyway."""
+
+    def __init__(self, warn: Callable[[str], object], path: Path | None = None) -> None:
+        self.path = _cache_dir() / "learned.json" if path is None else path
+        self.warn = warn
+
+    def _entries(self, *, warn: bool) -> list[Mapping[str, Any]]:
+        why = None
+        try:
+            data = loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not JSON"
+        else:
+            stores = data.get("stores") if isinstance(data, dict) else None
+            if isinstance(stores, list) and data.get("format") == FILE_FORMAT:
+                return [entry for entry in stores if isinstance(entry, dict)]
+            why = f"not a state file of this asyncsubs ({FILE_FORMAT})"
+        if warn:
+            self.warn(f"ignoring {self.path}: {why}; it is rewritten when the pull ends")
+        return []
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        for entry in self._entries(warn=True):
+            if entry.get("store") == store:
+                return entry
+        return None
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        """Replace ``store``'s entry, atomically (a reader sees the old file or the new one).
+        A file that cannot be written costs only the memory, with a warning."""
+        entries = [e for e in self._entries(warn=False) if e.get("store") != store]
+        entries.append(learned)
+        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_bytes(dumps({"format": FILE_FORMAT, "stores": entries}))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            self.warn(f"cannot keep what the pull learned in {self.path}: {exc.strerror}")
+            with contextlib.suppress(OSError):
+                temporary.unlink()
