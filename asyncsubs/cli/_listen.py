@@ -86,7 +86,12 @@ def run_listen(
         observe, stores = runner.progress, args.max_stores
         listen_sync = ListenSync(configs, sink, observe, max_stores=stores, user_agent=USER_AGENT)
         async with listen_sync as listening:
-            await listening.run(host, port, every)
+            try:
+                await listening.run(host, port, every)
+            except ConfigError as exc:
+                if exc.key != "listen":
+                    raise
+                raise ConfigError(exc.problem, key="--listen", sep=" ") from None
 
     try:
         with _receiver_log(runner, enabled=not args.debug):

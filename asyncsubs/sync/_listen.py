@@ -122,7 +122,7 @@ def what_to_check(refusal: Refusal) -> str:
     """What to check when deliveries are refused for ``refusal``: its hint, and the keys."""
     keys = KEYS_TO_CHECK.get(refusal)
     if keys is None:
-        return refusal.hint + '; sync --listen reads the default shape, {"id", "topic", "data"}'
+        return refusal.hint + '; the listener reads the default shape, {"id", "topic", "data"}'
     return f"{refusal.hint}; in stores.toml: {', '.join(keys)}"
 
 
@@ -316,9 +316,8 @@ class ListenSync:
         try:
             _, bound_port = await listener.start(host, port)
         except OSError as exc:
-            raise ConfigError(
-                f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})"
-            ) from None
+            problem = f"{host}:{port}: cannot listen ({exc.strerror or exc})"
+            raise ConfigError(problem, key="listen", sep=" ") from None
         self._listener = listener
         for receiver in self.receivers.values():
             await receiver.start()
