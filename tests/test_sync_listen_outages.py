@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -37,9 +38,13 @@ from asyncsubs.webhooks import signature_header_value
 
 __all__ = ["own_redis_server_fixture", "postgres_server_fixture"]
 
+
 #: Deliveries are changes of acme's customers, stamped later than anything the server has: a
 #: reconciliation pull never overwrites them, so each one's row shows whether it was applied.
-STAMP = "2031-01-01T00:00:{:02d}Z"
+def stamp(i: int) -> str:
+    """The ``updatedAt`` of change ``i``: one second after change ``i - 1``'s."""
+    moment = datetime.datetime(2031, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=i)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Listening:
@@ -113,7 +118,8 @@ class Sender:
         """The next change, until it is acknowledged."""
         i = self._sent
         self._sent += 1
-        record = {**self.customers[i], "updatedAt": STAMP.format(i)}
+        # Round the customers again for a long outage: each change is newer than the last.
+        record = {**self.customers[i % len(self.customers)], "updatedAt": stamp(i)}
         body = orjson.dumps(
             {"id": f"evt-{i}", "topic": "customers/update", "store": "acme", "data": record}
         )
@@ -435,7 +441,7 @@ async def test_events_wait_for_a_database_that_cannot_be_written_now(
                 counts = engine.counts("acme")
                 assert (counts.applied, counts.receiver.failed_attempts) == (1, 0)
                 assert counts.receiver.dead_lettered == 0
-    assert sqlite_customers(db)[next(iter(sender.acknowledged))] == STAMP.format(0)
+    assert sqlite_customers(db)[next(iter(sender.acknowledged))] == stamp(0)
 
 
 async def test_dead_letters_of_a_database_failure_are_requeued_once_pulls_succeed(
