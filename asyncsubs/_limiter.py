@@ -3,11 +3,12 @@
 A request waits for its pool's turn (FIFO), then for a place in the store's in-flight gate (a
 full gate must not bunch starts), then claims a start from the backend, GCRA without burst:
 ``slot = max(now, tat)``, ``tat = slot + interval`` (a pause moves ``tat`` on), ``interval =
-per / n * (1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured, lower as
-announced (:mod:`._server_limits`) or as a discovering pool found it (:mod:`._discovery`). It
-sleeps until the slot (claiming again after a pause), hands the turn on; a late start or answer
-pauses the pool (:meth:`Slot.sending`). A cancelled waiter loses its claimed slot (the safe
-side). Backends share each pool's ``tat`` and slowdown: :class:`MemoryPacing`, Redis in Lua.
+per / n * (1 + margin) * slowdown`` (:mod:`._calibration`), ``n / per`` as configured or lower
+as announced (:mod:`._server_limits`), or as a discovering pool found it (:mod:`._discovery`,
+shared as :mod:`._learned` says). It sleeps until the slot (claiming again if a pause came
+meanwhile), hands the turn on; a late start pauses the pool (:meth:`Slot.sending`). A cancelled
+waiter leaves the queue, losing a claimed slot (the safe side). Backends hold what processes
+share (each pool's ``tat`` and slowdown): :class:`MemoryPacing` in process, Redis in Lua.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import logging
 import math
 import weakref
-from collections import defaultdict, deque
+from collections import defaultdict
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -53,7 +54,8 @@ class _Shared:
 
 class MemoryPacing(MemoryLearning):
     """The :class:`PacingBackend` of a process, shared by its threads' loops on the running loop's
-    clock (CPython's and uvloop's read one monotonic clock), as Redis is by processes."""
+    clock (CPython's and uvloop's read one monotonic clock), as Redis is by processes; it shares
+    what the process's loops learn too (:class:`~._learned.MemoryLearning`)."""
 
     def __init__(self) -> None:
         super().__init__()  # its lock: a claim reads and moves the state; other threads claim too
@@ -90,7 +92,6 @@ class _Pool:
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
-        self.trips = deque[float](maxlen=16)  # a heavy pool's last round trips, send to answer
 
     @property
     def announced(self) -> bool:
@@ -107,37 +108,31 @@ class Slot:
     """``async with store_limiter.slot(pool) as slot``: an in-flight place held while the
     request runs; ``slot.due`` is the loop time it was paced for."""
 
-    __slots__ = ("_limiter", "_max_wait", "_pool", "due", "pool", "sent")
+    __slots__ = ("_limiter", "_max_wait", "_pool", "due", "pool")
 
     def __init__(self, limiter: StoreLimiter, pool: _Pool, max_wait: float) -> None:
         self._limiter, self._pool, self._max_wait, self.due = limiter, pool, max_wait, 0.0
-        self.pool, self.sent = pool.name, 0.0
+        self.pool = pool.name
 
     async def __aenter__(self) -> Slot:
         self.due = await self._limiter._acquire(self._pool, self._max_wait)
         self.sending()  # late by the loop's own delay
         return self
 
-    def sending(self, counted_at: float | None = None) -> None:
+    def sending(self) -> None:
         """The request goes out now (again when a session the client made gives it a connection:
-        a connect delays it unseen), or the server may count its start as late as ``counted_at``:
-        past half the room, the pool's pace restarts from there, its whole margin kept."""
-        p, now = self._pool, asyncio.get_running_loop().time()
-        if counted_at is None:
-            self.sent = counted_at = now
+        a connect delays it unseen); past half the room, the pool's pace restarts from now."""
+        p = self._pool
         room = p.rate.n * p.interval - p.rate.per  # how far n paced starts span beyond a window
-        if counted_at - self.due > room / 2:  # half for the server's delay
-            self._limiter.pause(p.name, counted_at + p.interval - now)
+        if asyncio.get_running_loop().time() - self.due > room / 2:  # half for the server's delay
+            self._limiter.pause(p.name, p.interval)  # its whole margin kept from this start
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self._limiter._in_flight.release()
-        p, now = self._pool, asyncio.get_running_loop().time()
-        p.in_flight -= 1
-        if exc_type is None and p is self._limiter._global:  # a light answer: a jitter sample
-            self._limiter.jitter.add(now - self.due)
-        elif exc_type is None:  # a page, built after its stamp, which a stalled server delays:
-            p.trips.append(now - self.sent)  # as late as its fastest round trip before the answer
-            self.sending(now - min(p.trips))
+        self._pool.in_flight -= 1
+        # An answered light request is a jitter sample (heavy pages are built after the stamp).
+        if exc_type is None and self._pool is self._limiter._global:
+            self._limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
 
 
 class StoreLimiter:
@@ -155,6 +150,7 @@ class StoreLimiter:
             search = None if discovery is None else self.learning.add(name, RateSearch(discovery))
             self._pools[name] = _Pool(name, limits.rate_for(name), search)
         self._global = self._pools["global"]
+        self._sharers = getattr(backend, "sharers", None)
 
     def _pool(self, pool: str) -> _Pool:
         if (found := self._pools.get(pool)) is None:
@@ -194,7 +190,8 @@ class StoreLimiter:
         p, now = slot._pool, asyncio.get_running_loop().time()
         p.rate_limited += 1
         if p.search is not None:  # a discovering pool learns its rate instead of slowing down
-            if p.search.refused_start(slot.due, now, p.pause_until, self.learning.sharers()):
+            workers = 1 if self._sharers is None else self._sharers(self.store)
+            if p.search.refused_start(slot.due, now, p.pause_until, workers):
                 self._repaced(p.name, now, share=True)
         elif slot.due > p.slowdown.widened_at:  # else sent before the last widening
             since = max(p.run_start, slot.due - p.rate.per)
@@ -213,10 +210,12 @@ class StoreLimiter:
             return
         if limit.quota is not None:
             announced = Rate(limit.quota, per=limit.window or p.configured.per)
-            now = asyncio.get_running_loop().time()
-            if p.search is not None and p.search.announce(now, announced.per_second):
-                self._repaced(pool, now, share=True)  # any announced quota replaces the search
-            elif p.search is None:
+            if p.search is not None:  # any announced quota replaces the search
+                before = p.search.rate
+                p.search.announce(now := asyncio.get_running_loop().time(), announced.per_second)
+                if p.search.rate != before:
+                    self._repaced(pool, now, share=True)
+            else:
                 lower = announced.per_second < p.configured.per_second
                 p.rate = announced if lower or mode == "follow" else p.configured
         covered = p.announced and (limit.reset or 0) <= 1.0

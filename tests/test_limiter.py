@@ -235,25 +235,6 @@ async def test_a_request_whose_connection_comes_late_paces_the_next_from_it(
     assert late[2] - late[1] == pytest.approx(0.51 - 0.15)
 
 
-async def test_a_page_answered_late_paces_the_next_from_its_latest_stamp(
-    clock: VirtualClock,
-) -> None:
-    """A server that stalls 0.4 s stamps a page when it resumes: as late as the answer less the
-    pool's fastest round trip (0.02 s). A sequential pull's next page, due during the stall,
-    would start at once and the one after it an interval later: three stamps within 0.65 s
-    (a 429 from a sliding window). The pool's pace restarts from the latest stamp instead."""
-    sl = Limiter().bind("acme", limits(50, 1.0, margin=0.02, orders=Rate(2, per=1.0)))
-    starts: list[float] = []
-    for i in range(6):
-        await request(sl, "orders", starts, hold=0.42 if i == 2 else 0.02)
-    stamped = starts[2] + 0.40  # the latest the stalled server can have stamped page 2
-    assert starts[3] == pytest.approx(stamped + 0.51)
-    assert starts[4] - stamped >= 1.02 - EPS
-    assert gaps(starts)[3:] == pytest.approx([0.51] * 2)  # then paced as before
-    # A round trip as fast as ever is no sign of a late stamp: the pace is the slots'.
-    assert gaps(starts)[:2] == pytest.approx([0.51, 0.51])
-
-
 async def test_the_client_reports_a_requests_connection_to_its_slot(clock: VirtualClock) -> None:
     """The client's own connector calls ``on_connected`` as it hands a request its connection
     (tests/test_client.py); the client passes each request the slot's, to any transport whose
