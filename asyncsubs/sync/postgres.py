@@ -33,7 +33,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -48,13 +48,10 @@ from ._sink import (
     Dialect,
     LeaseLostError,
     PageWrite,
-    SinkLifetime,
+    SQLSink,
     Statements,
     UnitHandedOver,
-    UnitState,
-    UnitStatus,
     schema,
-    text_value,
 )
 
 try:
@@ -143,7 +140,13 @@ def _jsonb(value: Any) -> Jsonb | None:
 
 
 _SQL: Final = Statements(
-    Dialect(param="%({})s", instant="asyncsubs_instant({})", now="now()", dump=_jsonb, load=None)
+    Dialect(
+        param="%({})s",
+        instant="asyncsubs_instant({})",
+        now="now()",
+        has_table="SELECT to_regclass('{}')",
+        dump=_jsonb,
+    )
 )
 
 
@@ -196,13 +199,24 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-class PostgresSink(SinkLifetime):
+class PostgresSink(SQLSink):
     """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
     ``holder`` names this worker in the units table (default: host, pid and a random part).
     ``timeout``: seconds an operation waits for a connection (the server down, restarting or
     unreachable) before it fails with a ``DatabaseError``.
     """
+
+    _SQL = _SQL
+    _STATUS = (
+        UNITS_TABLE,
+        f"""SELECT u.store, u.resource, u.state, u.holder,
+                extract(epoch FROM u.lease_until - now())::float8, s.run_records,
+                s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
+            FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
+                ON s.store = u.store AND s.resource = u.resource
+            ORDER BY u.store, u.resource""",
+    )
 
     def __init__(
         self,
@@ -306,10 +320,7 @@ class PostgresSink(SinkLifetime):
             self._listen = None
         await self._pool.close()
 
-    # -- the Sink interface ---------------------------------------------------------------------
-
     async def _one(self, sql: str, params: Any = ()) -> Any:
-        """The first row of one statement, in a transaction of its own."""
         return next(iter(await self._rows(sql, params)), None)
 
     async def _rows(self, sql: str, params: Any = ()) -> list[Any]:
@@ -317,14 +328,9 @@ class PostgresSink(SinkLifetime):
             cur = await conn.execute(sql, params)
             return await cur.fetchall() if cur.description else []
 
-    async def _write(self, sql: str, params: Any = ()) -> int:
-        """How many rows one statement, in a transaction of its own, wrote."""
+    async def _write(self, *statements: tuple[str, Any]) -> int:
         async with self.transaction() as conn:
-            return (await conn.execute(sql, params)).rowcount
-
-    async def load_state(self, store: str, resource: str) -> UnitState:
-        row = await self._one(_SQL.load_state, {"store": store, "resource": resource})
-        return UnitState.from_row(row)
+            return sum([(await conn.execute(sql, params)).rowcount for sql, params in statements])
 
     async def commit_page(self, w: PageWrite) -> None:
         rows, page_max = w.rows(_SQL.record)
@@ -343,10 +349,10 @@ class PostgresSink(SinkLifetime):
                 async with conn.cursor() as cursor:
                     await cursor.executemany(_SQL.upsert(w.resource), rows)
             unit = {"store": w.store, "resource": w.resource}
-            old = await conn.execute(_SQL.load_state + " FOR UPDATE", unit)
-            new = w.state_after(UnitState.from_row(await old.fetchone()), len(rows), page_max)
-            await conn.execute(_SQL.save_state, _SQL.state(w, new))
-            if new.done:
+            old = await (await conn.execute(_SQL.load_state + " FOR UPDATE", unit)).fetchone()
+            state = _SQL.state(w, old, len(rows), page_max)
+            await conn.execute(_SQL.save_state, state)
+            if state["done"]:
                 # The unit is done with its last page: no window in which a crash leaves it
                 # finished but still pending (which would pull it again).
                 await conn.execute(
@@ -356,30 +362,10 @@ class PostgresSink(SinkLifetime):
                 )
                 await conn.execute(f"NOTIFY {CHANNEL}")
                 self._finished += 1
-            elif await self._hand_over(conn, (w.store, w.resource)):
-                handed = True
+            else:
+                handed = await self._hand_over(conn, (w.store, w.resource))
         if handed:
             raise UnitHandedOver(f"{w.store}/{w.resource}")
-
-    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        return await self._write(_SQL.upsert(resource), _SQL.record(store, record)) > 0
-
-    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        params = {"store": store, "resource": resource, "id": text_value(record_id)}
-        async with self.transaction() as conn:
-            await conn.execute(_SQL.delete(resource), params)
-            await conn.execute(_SQL.remember_deleted, params)
-
-    async def count(self, store: str, resource: str) -> int:
-        row = await self._one(_SQL.count(resource), {"store": store})
-        return int(row[0]) if row else 0
-
-    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        row = await self._one(_SQL.load_learned, {"store": store})
-        return None if row is None else dict(row[0])
-
-    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        await self._write(_SQL.save_learned, {"store": store, "learned": Jsonb(dict(learned))})
 
     # -- units and leases (``Leases``) ---------------------------------------------------------
     #
@@ -525,8 +511,6 @@ class PostgresSink(SinkLifetime):
                     await listen.close()
             raise self._error(exc) from None
 
-    # -- read without opening: sync-status and dead-letters -------------------------------------
-
     async def _read(self, sql: str) -> list[Any]:
         """Rows of ``sql`` on a connection of its own (no pool, no schema created)."""
         try:
@@ -536,52 +520,38 @@ class PostgresSink(SinkLifetime):
         except psycopg.Error as exc:
             raise self._error(exc) from None
 
-    async def _has_table(self, name: str) -> bool:
-        return bool((await self._read(f"SELECT to_regclass('{name}')"))[0][0])
-
-    async def status(self) -> list[UnitStatus] | None:
-        if not await self._has_table(UNITS_TABLE):
-            return None
-        rows = await self._read(
-            f"""SELECT u.store, u.resource, u.state, u.holder,
-                    extract(epoch FROM u.lease_until - now())::float8, s.run_records,
-                    s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
-                FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
-                    ON s.store = u.store AND s.resource = u.resource
-                ORDER BY u.store, u.resource"""
-        )
-        return [UnitStatus(*row) for row in rows]
-
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         # One pool: an inbox write takes a connection of its own, never waiting for a page.
         return PostgresInbox(self), PostgresDeadLetters(self)
-
-    async def has_webhook_tables(self) -> bool:
-        return await self._has_table(DEAD_LETTER_TABLE)
-
-
-def _epoch(value: datetime) -> float:
-    return value.timestamp()
 
 
 def _instant(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-class PostgresInbox:
-    """``asyncsubs.webhooks.Inbox`` in the sink's ``webhook_inbox`` table, on its pool: an
-    ``add`` returns once committed."""
+class _Table:
+    """A webhook store in a table of the sink's database, on its pool: writes return once
+    committed."""
 
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
+    async def _write(self, sql: str, *params: Any) -> int:
+        return await self.sink._write((sql, params))
+
+
+class PostgresInbox(_Table):
+    """``asyncsubs.webhooks.Inbox`` in the sink's ``webhook_inbox`` table."""
+
     async def add(self, e: InboxEntry) -> bool:
-        added = await self.sink._write(
-            f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+        return (
+            await self._write(
+                f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                *(e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+            )
+            > 0
         )
-        return added > 0
 
     async def pending(self, store: str) -> list[InboxEntry]:
         rows = await self.sink._rows(
@@ -589,25 +559,22 @@ class PostgresInbox:
             " WHERE store = %s ORDER BY received_at, event_id",
             (store,),
         )
-        return [InboxEntry(store, r[0], bytes(r[1]), _epoch(r[2]), r[3]) for r in rows]
+        return [InboxEntry(store, r[0], bytes(r[1]), r[2].timestamp(), r[3]) for r in rows]
 
     async def remove(self, store: str, event_id: str) -> None:
         sql = f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s"
-        await self.sink._write(sql, (store, event_id))
+        await self._write(sql, store, event_id)
 
 
-class PostgresDeadLetters:
+class PostgresDeadLetters(_Table):
     """``asyncsubs.webhooks.DeadLetterStore`` in the sink's ``webhook_dead_letters`` table."""
 
-    def __init__(self, sink: PostgresSink) -> None:
-        self.sink = sink
-
     async def add(self, x: DeadLetter) -> None:
-        await self.sink._write(
+        await self._write(
             f"INSERT INTO {DEAD_LETTER_TABLE}"
             " (event_id, topic, body, error, attempts, failed_at, store)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
+            *(x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
         )
 
     async def all(self) -> list[DeadLetter]:
@@ -615,16 +582,15 @@ class PostgresDeadLetters:
             "SELECT event_id, topic, body, error, attempts, failed_at, store"
             f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
         )
-        return [DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6]) for r in rows]
+        return [
+            DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], r[5].timestamp(), r[6]) for r in rows
+        ]
 
     async def remove(self, event_id: str) -> int:
-        return await self.sink._write(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
-        )
+        return await self._write(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", event_id)
 
     async def remove_for_store(self, store: str | None, event_id: str) -> int:
-        return await self.sink._write(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
-            " AND store IS NOT DISTINCT FROM %s",
-            (event_id, store),
+        sql = (
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s AND store IS NOT DISTINCT FROM %s"
         )
+        return await self._write(sql, event_id, store)
