@@ -1,28 +1,16 @@
 """The PostgreSQL sink: the SQLite sink's tables and rules in a database many workers share.
 
-Tables as in ``sqlite`` (``subscriptions``, ``customers``, ``orders``, ``asyncsubs_sync_state``,
-``asyncsubs_deleted``) with PostgreSQL's types (``raw`` JSONB, times ``timestamptz``), the same
-upsert rule (newer-or-equal ``updated_at`` wins, deleted ids never return) and each page
-committed with its cursor in one transaction. Two more tables:
+The same tables (``raw`` JSONB, times ``timestamptz``), upsert rule and page commits as in
+``sqlite``, and more: ``asyncsubs_sync_units``, one row per unit with its state in the current
+round and the lease of the worker pulling it (the sink's ``Leases``, see ``_schedulers``);
+``asyncsubs_sync_workers``, the workers of the round; ``webhook_inbox`` and
+``webhook_dead_letters`` for a ``ListenSync``.
 
-- ``asyncsubs_sync_units``: one row per (store, resource), the unit of work: its state in the
-  current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
-  (``holder``, ``lease_until``): the sink's ``Leases`` (see ``_schedulers`` for how workers
-  claim and release units).
-- ``webhook_inbox`` and ``webhook_dead_letters``: a ``ListenSync``'s durable inbox and dead
-  letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
-
-Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
-connection pool (``psycopg_pool``), ``executemany`` (pipelined: a page's upserts are one round
-trip), its JSONB adaptation (a record's ``raw`` written by ``asyncsubs._json``, which keeps
-integers beyond 64 bits exact), and ``LISTEN``/``NOTIFY`` for waking waiting workers.
-asyncpg would be as fast but brings its own pool and type codecs to learn; psycopg is the
-reference driver, follows libpq's URLs and environment variables (``PGPASSWORD``, ``.pgpass``,
-``sslmode``) exactly, and its errors carry SQLSTATE codes the messages below use.
-
-Every page commit also checks, inside its transaction, that this worker still holds the unit's
-lease (and extends it): a worker that lost its lease (paused past the expiry, then taken over)
-cannot write a page over its successor's, so each unit is written by one worker at a time.
+Built on psycopg 3, the reference driver: native asyncio, its pool, pipelined
+``executemany`` (a page's upserts are one round trip), libpq's URLs and environment
+(``PGPASSWORD``, ``.pgpass``, ``sslmode``), SQLSTATE codes, ``LISTEN``/``NOTIFY`` to wake
+waiting workers. Every page commit checks, in its transaction, that this worker still holds
+the unit's lease: one that lost it cannot write over its successor's pages.
 """
 
 from __future__ import annotations
