@@ -19,7 +19,7 @@ import attrs
 
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
-from ..stores import RESOURCES
+from ..stores import RESOURCES, LearnedStore
 from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
@@ -479,13 +479,12 @@ class SQLSink:
         return await self._has_table("webhook_dead_letters")
 
 
-# The roles a sink plays; a sink implements those it stores. ``Sink`` is both sinks: all of
-# them, and ``Leases`` through ``leases`` where workers share the database.
+# The roles a sink plays; a sink implements those it stores.
 
 
 class Records(Protocol):
-    """Rows and cursors: the records of each unit and the state it continues from. Use as
-    ``async with sink:`` (``open`` and ``aclose``)."""
+    """Rows and cursors: the records of each unit and the state it continues from, in
+    ``async with sink:``."""
 
     #: The database, for messages (never a password).
     where: str
@@ -530,21 +529,16 @@ class Records(Protocol):
         ...
 
 
-class LearnedLimits(Protocol):
-    """What each store's pools learned of the server (``AdminClient.export_learned()``), kept
-    for its next sync; None: nothing saved."""
-
-    async def load_learned(self, store: str) -> Mapping[str, Any] | None: ...
-
-    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None: ...
+#: What each store's pools learned of the server, kept for its next sync.
+LearnedLimits = LearnedStore
 
 
 class WebhookTables(Protocol):
     """The webhook inbox and dead letters of a ``ListenSync``, beside the records they update."""
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
-        """The inbox and the dead letters in this (open) database, tables ``webhook_inbox`` and
-        ``webhook_dead_letters`` made if need be; closed with the sink."""
+        """The inbox and dead letters in this (open) database, made if need be; closed with
+        the sink."""
         ...
 
     async def has_webhook_tables(self) -> bool:
@@ -553,9 +547,9 @@ class WebhookTables(Protocol):
 
 
 class Sink(Records, LearnedLimits, WebhookTables, Protocol):
-    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (embedded, one writer) or
-    ``postgres.PostgresSink`` (shared by many workers, its ``Leases``). Both keep the same
-    tables and rules; ``sink_for(url)`` picks one."""
+    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (one writer) or
+    ``postgres.PostgresSink`` (shared by workers through its ``Leases``); ``sink_for(url)``
+    picks one."""
 
 
 class DeadLetters(DeadLetterStore, Protocol):

@@ -138,12 +138,10 @@ _SQL: Final = Statements(
 )
 
 
-def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, dict[str, list[str]]]:
-    """A condition selecting ``units`` (two arrays, as the parameters ``stores``, ``resources``)."""
-    return (
-        "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))",
-        {"stores": [s for s, _ in units], "resources": [r for _, r in units]},
-    )
+#: Whether a row is one of the units given as two arrays, parameters ``stores``, ``resources``.
+_IN_UNITS: Final = (
+    "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))"
+)
 
 
 def _held(holder: str) -> str:
@@ -365,11 +363,17 @@ class PostgresSink(SQLSink):
     # wants no more (units are not moved back and forth as a round runs out).
 
     def _params(self, units: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-        return {"holder": self.holder, "lease": self.lease, **_in_units(units)[1]}
+        stores, resources = [s for s, _ in units], [r for _, r in units]
+        return {
+            "holder": self.holder,
+            "lease": self.lease,
+            "stores": stores,
+            "resources": resources,
+        }
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
         self._finished = 0
-        where, params = _in_units(units)
+        params = self._params(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             cur = await conn.execute(
@@ -380,13 +384,15 @@ class PostgresSink(SQLSink):
             )
             added = cur.rowcount > 0
             cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", params
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'",
+                params,
             )
             row = await cur.fetchone()
             if row and row[0]:
                 return added
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", params
+                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {_IN_UNITS}",
+                params,
             )
             return True
 
@@ -394,14 +400,13 @@ class PostgresSink(SQLSink):
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
         # Leaving a worker that has none the units it is owed (see above).
-        where, _ = _in_units(units)
         params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
                 f"""UPDATE {UNITS_TABLE} t SET holder = %(holder)s, claimed_at = now(),
                         lease_until = now() + make_interval(secs => %(lease)s)
                     FROM (SELECT store, resource FROM {UNITS_TABLE} u
-                          WHERE {where} AND state = 'pending'
+                          WHERE {_IN_UNITS} AND state = 'pending'
                             AND (holder IS NULL OR lease_until < now())
                             AND NOT {_owed(_held("%(holder)s"))}
                           ORDER BY store = ANY(%(prefer)s) DESC, store, resource
@@ -433,7 +438,6 @@ class PostgresSink(SQLSink):
         return cur.rowcount > 0
 
     async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        where, _ = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %(lease)s)"
@@ -445,7 +449,7 @@ class PostgresSink(SQLSink):
                 self._params(),
             )
             cur = await conn.execute(
-                f"SELECT store, resource FROM {UNITS_TABLE} WHERE {where}"
+                f"SELECT store, resource FROM {UNITS_TABLE} WHERE {_IN_UNITS}"
                 " AND state = 'pending' AND holder IS DISTINCT FROM %(holder)s",
                 self._params(units),
             )
@@ -473,11 +477,10 @@ class PostgresSink(SQLSink):
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
-        where, _ = _in_units(units)
         row = await self._one(
             f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
                     (WHERE holder IS DISTINCT FROM %(holder)s) - now())
-                FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
+                FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'""",
             self._params(units),
         )
         if row is None or not row[0]:

@@ -1,17 +1,11 @@
 """The SQLite sink: the embedded sync database, one writer at a time.
 
-Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key ``(store,
-id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
-``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_learned``, what each
-store's pools learned of the server; ``asyncsubs_deleted``, the ids deleted by webhooks.
-A ``ListenSync`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
-``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a delivery
-never waits for a page's transaction.
-
-All the sink's SQLite work runs on one dedicated thread holding its one connection: writes are
-serialized without locks, and the event loop never blocks on disk. One process writes a
-database at a time: ``lock()`` holds ``DB.asyncsubs-lock`` beside it with ``flock`` (see
-``hold_database``).
+The tables of ``_sink.schema`` with JSON and times as text; a ``ListenSync`` adds
+``webhook_inbox`` and ``webhook_dead_letters``, kept by ``asyncsubs.webhooks``' SQLite stores
+on connections of their own, so acknowledging a delivery never waits for a page's transaction.
+All the sink's own work runs on one thread holding its one connection: writes are serialized
+without locks, and the event loop never blocks on disk. One process writes a database at a
+time: ``lock()`` holds ``DB.asyncsubs-lock`` beside it (``hold_database``).
 """
 
 from __future__ import annotations
@@ -57,8 +51,6 @@ LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
 _BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
-
-#: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
 _SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
 
 
@@ -96,14 +88,11 @@ def _holder(fd: int) -> str:
 @contextlib.contextmanager
 def hold_database(db: Path) -> Iterator[None]:
     """Hold ``db`` for this process for the block; DatabaseConfigError naming the holder when
-    another process has it.
+    another process has it (two syncs on one database would resume each other's cursors).
 
-    Two syncs on one database would resume each other's cursors and share its stores' rate
-    limits without knowing it. The lock is the kernel's: it goes with the process however that
-    ends (SIGKILL included), so a file left behind never blocks the next run; the file only
-    says who holds it (pid, host, since when), and is removed on leaving the block. It lies
-    beside the database's real path, symlinks resolved as SQLite resolves them; a hard link is
-    a second name SQLite cannot tell either (its "How To Corrupt An SQLite Database File", 2.4).
+    The lock is the kernel's ``flock``: it goes with the process however that ends, so a file
+    left behind never blocks the next run; the file only says who holds it, and is removed on
+    leaving. It lies beside the database's real path, symlinks resolved as SQLite does.
     """
     if sys.platform == "win32":  # no flock; one sync per database is then the user's rule
         yield
