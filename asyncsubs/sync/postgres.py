@@ -267,23 +267,21 @@ class PostgresSink(SQLSink):
         start, delay, attempts = loop.time(), 0.25, 0
         while True:
             attempts += 1
-            left = self.timeout - (loop.time() - start)
             try:
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(self.timeout - (loop.time() - start)):
                     conn = await psycopg.AsyncConnection.connect(self.url)
+                return await conn.close()
             except (psycopg.Error, TimeoutError) as exc:
                 waited = loop.time() - start
                 if waited + delay >= self.timeout:
-                    why = self._error(exc) if isinstance(exc, psycopg.Error) else None
-                    text = str(why) if why else f"database {self.where}: no answer"
+                    why = f"database {self.where}: no answer"
+                    if isinstance(exc, psycopg.Error):
+                        why = str(self._error(exc))
                     raise DatabaseUnavailable(
-                        f"{text} (waited {waited:.1f}s, {attempts} attempts)"
+                        f"{why} (waited {waited:.1f}s, {attempts} attempts)"
                     ) from None
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
-            else:
-                await conn.close()
-                return
 
     async def open(self) -> None:
         await self._reach()
@@ -457,14 +455,12 @@ class PostgresSink(SQLSink):
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
         self._finished += error is not None
-        async with self.transaction() as conn:
-            await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
-                " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
-                " WHERE store = %s AND resource = %s AND holder = %s",
-                (error, error, *unit, self.holder),
-            )
-            await conn.execute(f"NOTIFY {CHANNEL}")
+        release = (
+            f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
+            " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
+            " WHERE store = %s AND resource = %s AND holder = %s"
+        )
+        await self._write((release, (error, error, *unit, self.holder)), (f"NOTIFY {CHANNEL}", ()))
 
     async def release_all(self) -> None:
         # Not for long: after a database error, the leases may as well expire.
