@@ -193,8 +193,6 @@ class ListenSync:
         self.receivers: dict[str, WebhookReceiver] = {}
         self._applied = {config.store: _Applied() for config in configs}
         self._told: dict[str, WebhookCounts] = {}
-        self._listener: Listener | None = None
-        self._watching: asyncio.Task[None] | None = None
         self._exit = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> ListenSync:
@@ -214,7 +212,12 @@ class ListenSync:
                 dead_letters=dead_letters,
                 on_refused=self._refused(config.store),
             )
+        self._exit.push_async_callback(self._close_receivers)
         return self
+
+    async def _close_receivers(self) -> None:
+        await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
+        self._tell_counts()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -315,11 +318,11 @@ class ListenSync:
         except OSError as exc:
             problem = f"{host}:{port}: cannot listen ({exc.strerror or exc})"
             raise ConfigError(problem, key="listen", sep=" ") from None
-        self._listener = listener
+        self._exit.push_async_callback(listener.aclose)
         for receiver in self.receivers.values():
             await receiver.start()
         await self._requeue_dead_letters()
-        self._watching = asyncio.create_task(self._watch_counts())
+        self._exit.callback(asyncio.create_task(self._watch_counts()).cancel)
         shown = f"[{host}]" if ":" in host else host
         return {
             store: f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
@@ -399,19 +402,6 @@ class ListenSync:
             await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
-        listener, self._listener = self._listener, None
-        watching, self._watching = self._watching, None
-        if watching is not None:
-            watching.cancel()
-        try:
-            if listener is not None:
-                # Answers the deliveries in progress, then refuses connections.
-                await listener.aclose()
-        finally:
-            try:
-                # Each finishes its queue into the still-open database; what is left stays in
-                # the inbox for the next start.
-                await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
-                self._tell_counts()
-            finally:
-                await self._exit.aclose()
+        """Stop listening (answering the deliveries in progress), let the receivers finish their
+        queues into the still-open database (what is left stays in the inbox), close it."""
+        await self._exit.aclose()
