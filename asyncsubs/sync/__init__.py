@@ -10,21 +10,12 @@
         async with sink, SyncEngine(configs, sink, print) as engine:
             await run_round(engine)                          # every (store, resource) once
 
-The parts, in the order one synced page passes them:
-
-- ``asyncsubs.stores``: the stores (``load_config``), their clients, a unit's pull;
-- ``_engine``: ``SyncEngine.pull`` runs one unit, a ``(store, resource)``, page by page, each
-  page committed with its cursor; it tells an observer what happens;
-- ``_schedulers``: ``run_round``, every unit once: in one process, or shared by workers
-  through the sink's leases;
-- ``_sink``: the roles a sink plays (``Records``, ``LearnedLimits``, ``WebhookTables``,
-  ``Leases``; ``Sink``: all of them) and the statements both sinks run; ``sqlite`` and ``postgres``
-  the two sinks, each with its webhook inbox and dead letters; ``_open``: ``sink_for(url)``,
-  the one place that picks one;
-- ``_listen``: ``ListenSync``, webhooks applied to the sink and reconciled by pulls.
-
-The engine knows nothing of how progress is shown: the command line's live table, plain lines
-and JSON lines are observers of its events.
+A synced page passes ``asyncsubs.stores`` (the stores, their clients, a unit's pull), then
+``_engine`` (``SyncEngine.pull``: each page committed with its cursor, events told to an
+observer), chosen by ``_schedulers`` (``run_round``: in one process, or shared by workers
+through leases), into a sink: ``_sink`` (its roles, ``SQLSink``'s shared statements),
+``sqlite`` or ``postgres``, picked by ``_open.sink_for``. ``_listen.ListenSync`` applies
+webhooks and reconciles them by pulls. How progress is shown is the observer's business.
 """
 
 from ..stores import (

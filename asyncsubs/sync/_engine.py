@@ -1,14 +1,11 @@
 """The sync engine: one unit, a ``(store, resource)``, pulled page by page into a sink.
 
-Each page is committed with the cursor after it (``Sink.commit_page``), so a run stopped
-anywhere resumes from its last commit. A run that was stopped is resumed with its own query
-filter; a finished one starts over, incrementally where the store configures a filter: from the
-newest value stored *before the previous run began*, so that records changed during a run are
-caught by the next one. A saved cursor the server refuses (400) starts the run over.
-
-The engine knows nothing of how progress is shown: it tells an observer (``_events``), and
-the client's ``on_retry`` hook tells it why a request is being retried. Which units run, and
-when, is a scheduler's business (``_schedulers``).
+Each page is committed with the cursor after it, so a run stopped anywhere resumes from its
+last commit, with its own query filter. A finished run starts over, incrementally where the
+store configures a filter: from the newest value stored *before the previous run began*, so
+records changed during a run are caught by the next. A saved cursor the server refuses (400)
+starts the run over. The engine tells an observer what happens (``asyncsubs.stores``' events);
+which units run, and when, is ``_schedulers``' business.
 """
 
 from __future__ import annotations
@@ -41,13 +38,12 @@ log = logging.getLogger("asyncsubs.sync")
 
 
 class SyncEngine:
-    """Pulls units of stores into ``sink``, telling ``observe`` (see ``_events``)::
+    """Pulls units of stores into ``sink``, telling ``observe``::
 
         async with SyncEngine(configs, sink, observe) as engine:
             await run_round(engine)          # every unit once (see _schedulers)
 
-    Left, it closes the Redis limiters its stores paced through. ``open_client(config)`` makes
-    a store's client (``asyncsubs.stores``), ``pull(client, config, resource)`` runs one unit.
+    Left, it closes the Redis limiters its stores paced through.
     """
 
     def __init__(
@@ -100,9 +96,9 @@ class SyncEngine:
             await self.clients.keep(client)
         except LeaseLostError as exc:
             unit.note(f"{exc.why}; stopped")
-            unit.stopped(await self._rows(config, resource))
+            unit.stopped(await self._rows(store, resource))
         except asyncio.CancelledError:
-            unit.stopped(await self._rows(config, resource))
+            unit.stopped(await self._rows(store, resource))
             raise
         except DatabaseError:
             raise
@@ -111,17 +107,17 @@ class SyncEngine:
             with contextlib.suppress(DatabaseError):
                 await self.clients.keep(client)
             error = describe_error(exc)
-            unit.failed(error, await self._rows(config, resource))
+            unit.failed(error, await self._rows(store, resource))
             return error
         finally:
             del self._running[(store, resource)]
         return None
 
-    async def _rows(self, config: Store, resource: str) -> int | None:
-        """The store's rows in the resource's table, for a unit that ended; None if the
-        database cannot say (its error, if it matters, is raised elsewhere)."""
+    async def _rows(self, store: str, resource: str) -> int | None:
+        """The unit's rows, for a unit that ended; None if the database cannot say (its error,
+        if it matters, is raised elsewhere)."""
         with contextlib.suppress(Exception):
-            return await self.sink.count(config.name, resource)
+            return await self.sink.count(store, resource)
         return None
 
     async def _pull(self, unit: Unit, config: Store) -> None:
@@ -179,21 +175,18 @@ class SyncEngine:
         return params, state.seen_max if incremental is not None else None
 
     async def _commit(self, write: PageWrite, unit: Unit) -> None:
-        """Commit ``write`` and say so; when the run is stopped meanwhile, the commit under way
-        still lands (the sink's write does not stop half-way) and is counted."""
+        """Commit ``write`` and count it once committed (handed over after it too): when the
+        run is stopped meanwhile, the commit under way still lands, the sink's write does not
+        stop half-way."""
         commit = asyncio.ensure_future(self.sink.commit_page(write))
         try:
             await asyncio.shield(commit)
-        except UnitHandedOver:
-            self._committed(write, unit)  # committed, then handed over
-            raise
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await commit
-                self._committed(write, unit)
             raise
-        self._committed(write, unit)
-
-    def _committed(self, write: PageWrite, unit: Unit) -> None:
-        self.records += len(write.records)
-        unit.committed(len(write.records))
+        finally:
+            done = commit.done() and not commit.cancelled()
+            if done and isinstance(commit.exception(), type(None) | UnitHandedOver):
+                self.records += len(write.records)
+                unit.committed(len(write.records))

@@ -1,43 +1,30 @@
-"""``sync --listen``: webhooks applied to the sync database, reconciled by incremental pulls.
+"""``ListenSync``: webhooks applied to the sync database, reconciled by incremental pulls.
 
 One aiohttp application serves ``POST /webhooks/<store>`` for every configured store, each with
-its own ``WebhookReceiver`` (its own ``WebhookConfig``: secrets, signature scheme, dedupe
-window, queue and worker) serving its store, behind one listener's timeouts and caps. Which
-deliveries are a store's follows ``resolve_store_binding``: with a secret of its own, every
-correctly signed one; with a secret shared by several stores, those whose signed body carries
-the store's ``store_id``. The first refusal of each reason of each store is told as a
-``WebhookRefused`` event saying what to check; the rest are counted (``WebhookCounts``).
+its own ``WebhookReceiver`` (its own ``WebhookConfig``) behind one listener's timeouts and caps.
+Which deliveries are a store's follows ``resolve_store_binding``. The first refusal of each
+reason of each store is told as a ``WebhookRefused`` event saying what to check; the rest are
+counted (``WebhookCounts``).
 
-A delivery is answered 200 only once it is in the database's ``webhook_inbox``; it is removed
-when applied or dead-lettered, and a restart applies what is left, so nothing acknowledged is
-lost to a crash. Dead letters of earlier runs are requeued on start while they have had fewer
-than ``REQUEUE_BELOW_ATTEMPTS`` handler attempts.
+A delivery is answered 200 only once it is in the database's ``webhook_inbox``, and removed
+when applied or dead-lettered: nothing acknowledged is lost to a crash. Events go through the
+same sink as pulls; the upsert's newer-or-equal rule and the deleted ids make their order
+irrelevant. Webhooks can be lost, so every ``reconcile_every`` seconds an incremental pull of
+every unit fetches what they missed (not deletes: a lost delete leaves its row).
 
-Events are written through the same sink as pulls (SQLite: its one writer thread), so the two
-never interleave inside a transaction; the upsert's newer-or-equal rule and the deleted ids make
-their order irrelevant.
-
-Webhooks can be lost, so after the initial sync every ``reconcile_every`` seconds an incremental
-pull of every (store, resource) fetches what changed since before the previous pull began, and
-so whatever the webhooks missed. It cannot see deletes: a delete whose webhook was lost leaves
-its row in place.
-
-A service outlives its database's bad moments: a pull the database fails (SQLite locked by
-another process past the busy timeout, a PostgreSQL server restarted or a connection cut) is
-told as one ``Message`` and tried again after a backoff (``DATABASE_RETRY_FIRST`` doubling up
-to ``DATABASE_RETRY_MAX``, never later than the next reconciliation would be), as often as it
-takes; the listener keeps serving meanwhile (a delivery the inbox cannot take is answered 503,
-so its sender retries it), and events accepted before wait to be applied until the database
-takes them, rather than spending their handler attempts. Once a pull succeeds again, the dead
-letters other database failures made are requeued, as on start.
+A service outlives its database's bad moments (SQLite locked by another process, PostgreSQL
+restarted): a pull the database fails is told and tried again after a backoff, as often as it
+takes, while the listener keeps serving (a delivery the inbox cannot take is answered 503);
+events accepted before wait until the database takes them rather than spending their handler
+attempts. Once a pull succeeds again, dead letters of other database failures are requeued.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Final, TypeVar
 from urllib.parse import quote
 
 import attrs
@@ -79,20 +66,19 @@ __all__ = [
     "WebhookApplyError",
 ]
 
+T = TypeVar("T")
 DEFAULT_RECONCILE_EVERY: Final = 300.0
 WEBHOOK_ROUTE: Final = "/webhooks/{store}"
 #: Dead letters are requeued on start until they have had this many handler attempts in all
 #: (three rounds of ``max_handler_attempts``): a cause fixed in between (a locked or full
 #: disk) is recovered by a restart, a poison event is not retried for ever.
 REQUEUE_BELOW_ATTEMPTS: Final = 3 * WebhookConfig("-").max_handler_attempts
-#: Seconds before a pull the database failed is tried again, doubled at each failure in a row
-#: up to ``DATABASE_RETRY_MAX`` (and never beyond the reconciliation interval): a lock or a
-#: restart usually ends within seconds, a longer outage is not polled more than once a minute.
+#: Seconds before a write the database failed is tried again, doubled at each failure in a row
+#: up to ``DATABASE_RETRY_MAX`` for a pull (and never beyond the reconciliation interval):
+#: a lock or a restart usually ends within seconds, a longer outage is not polled more than
+#: once a minute; up to ``APPLY_RETRY_MAX`` for an event (a try is one write, not a round).
 DATABASE_RETRY_FIRST: Final = 1.0
 DATABASE_RETRY_MAX: Final = 60.0
-#: The longest wait between an event's tries while the database cannot be written: a try is
-#: one write (a pull's is a whole round of requests), and events should follow the database's
-#: return within seconds.
 APPLY_RETRY_MAX: Final = 5.0
 #: Seconds between looks at the receivers' counters (told only when they changed).
 COUNTS_EVERY: Final = 1.0
@@ -128,6 +114,26 @@ def what_to_check(refusal: Refusal) -> str:
 
 def _seconds(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+
+
+async def _until_written(
+    attempt: Callable[[], Awaitable[T]],
+    retry: type[DatabaseError],
+    most: float,
+    failed: Callable[[DatabaseError, int, float], None],
+) -> tuple[T, int]:
+    """``attempt()`` until the database takes it, and how many tries failed: after each
+    ``retry`` error, ``failed(error, failures, delay)`` and a wait of ``delay`` seconds,
+    ``DATABASE_RETRY_FIRST`` doubling up to ``most``."""
+    failures = 0
+    while True:
+        try:
+            return await attempt(), failures
+        except retry as exc:
+            failures += 1
+            delay = min(DATABASE_RETRY_FIRST * 2.0 ** (failures - 1), most)
+            failed(exc, failures, delay)
+            await asyncio.sleep(delay)
 
 
 class WebhookApplyError(Exception):
@@ -187,8 +193,6 @@ class ListenSync:
         self.receivers: dict[str, WebhookReceiver] = {}
         self._applied = {config.store: _Applied() for config in configs}
         self._told: dict[str, WebhookCounts] = {}
-        self._listener: Listener | None = None
-        self._watching: asyncio.Task[None] | None = None
         self._exit = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> ListenSync:
@@ -208,7 +212,12 @@ class ListenSync:
                 dead_letters=dead_letters,
                 on_refused=self._refused(config.store),
             )
+        self._exit.push_async_callback(self._close_receivers)
         return self
+
+    async def _close_receivers(self) -> None:
+        await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
+        self._tell_counts()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -252,33 +261,22 @@ class ListenSync:
         counts = self._applied[store]
         waiting = False
 
+        def wait(error: DatabaseError, failures: int, delay: float) -> None:
+            nonlocal waiting
+            if not waiting:
+                waiting = True
+                said = f"{error}; events wait until the database takes them"
+                self.observe(Message(f"webhooks of store {store}: {said}"))
+
         async def wait_for_database(event: WebhookEvent) -> None:
             # A database that cannot be written now is no fault of the event: it waits (the
             # receiver's queue behind it) instead of spending its attempts and being
             # dead-lettered by an outage longer than them.
             nonlocal waiting
-            delay = DATABASE_RETRY_FIRST
-            while True:
-                try:
-                    await apply(event)
-                except WebhookApplyError as exc:
-                    if not isinstance(exc.__cause__, DatabaseUnavailable):
-                        raise
-                    if not waiting:
-                        waiting = True
-                        self.observe(
-                            Message(
-                                f"webhooks of store {store}: {exc.__cause__}; events wait "
-                                "until the database takes them"
-                            )
-                        )
-                    await asyncio.sleep(delay)
-                    delay = min(2 * delay, APPLY_RETRY_MAX)
-                else:
-                    if waiting:
-                        waiting = False
-                        self.observe(Message(f"webhooks of store {store}: applied again"))
-                    return
+            await _until_written(lambda: apply(event), DatabaseUnavailable, APPLY_RETRY_MAX, wait)
+            if waiting:
+                waiting = False
+                self.observe(Message(f"webhooks of store {store}: applied again"))
 
         async def apply(event: WebhookEvent) -> None:
             # The store is the one whose URL the delivery came through: signed with the store's
@@ -300,6 +298,8 @@ class ListenSync:
                     counts.applied += 1
                 else:
                     counts.stale += 1
+            except DatabaseUnavailable:
+                raise
             except Exception as exc:
                 # Raising has the receiver retry, then dead-letter the event.
                 raise WebhookApplyError(f"store {store}: {describe_error(exc)}") from exc
@@ -318,11 +318,11 @@ class ListenSync:
         except OSError as exc:
             problem = f"{host}:{port}: cannot listen ({exc.strerror or exc})"
             raise ConfigError(problem, key="listen", sep=" ") from None
-        self._listener = listener
+        self._exit.push_async_callback(listener.aclose)
         for receiver in self.receivers.values():
             await receiver.start()
         await self._requeue_dead_letters()
-        self._watching = asyncio.create_task(self._watch_counts())
+        self._exit.callback(asyncio.create_task(self._watch_counts()).cancel)
         shown = f"[{host}]" if ":" in host else host
         return {
             store: f"http://{shown}:{bound_port}/webhooks/{quote(store, safe='')}"
@@ -366,43 +366,35 @@ class ListenSync:
         # rather than being refused (the upsert rule keeps its older pages from winning).
         for store, url in (await self.listen(host, port)).items():
             self.observe(Message(f"webhooks of store {store}: POST {url}"))
-        pulled = failures = 0
+        pulled, started, what = 0, 0.0, ""
+
+        async def pull() -> int:
+            nonlocal started
+            started = loop.time()
+            return await self.pull()
+
+        def failed(error: DatabaseError, failures: int, delay: float) -> None:
+            self.observe(Message(f"{what} failed: {error}; trying again in {_seconds(delay)}"))
+
         while True:
             what = "initial sync" if pulled == 0 else f"reconciliation {pulled}"
-            started = loop.time()
-            if not failures:  # what failed attempts committed counts too
-                before = self.engine.records
-            try:
-                failed = await self.pull()
-            except DatabaseError as exc:
-                failures += 1
-                delay = min(
-                    DATABASE_RETRY_FIRST * 2.0 ** (failures - 1),
-                    DATABASE_RETRY_MAX,
-                    reconcile_every,
-                )
-                self.observe(Message(f"{what} failed: {exc}; trying again in {_seconds(delay)}"))
-                await asyncio.sleep(delay)
-                continue
+            before = self.engine.records  # what failed attempts committed counts too
+            most = min(DATABASE_RETRY_MAX, reconcile_every)
+            units_failed, failures = await _until_written(pull, DatabaseError, most, failed)
             pulled += 1
             # Reconciliations keep their pace however long one takes (one longer than the
             # interval is followed at once by the next).
             delay = max(0.0, started + reconcile_every - loop.time())
+            after = f" after {failures} failed attempt{'s' * (failures > 1)}" if failures else ""
+            units = f", {units_failed} failed (retried next time)" if units_failed else ""
+            records = self.engine.records - before
             self.observe(
                 Message(
-                    f"{what} done"
-                    + (
-                        f" after {failures} failed attempt{'s' * (failures > 1)}"
-                        if failures
-                        else ""
-                    )
-                    + f": {self.engine.records - before:,} records pulled"
-                    + (f", {failed} failed (retried next time)" if failed else "")
-                    + f"; next reconciliation in {_seconds(delay)}"
+                    f"{what} done{after}: {records:,} records pulled{units}; "
+                    f"next reconciliation in {_seconds(delay)}"
                 )
             )
             if failures:
-                failures = 0
                 try:
                     await self._requeue_dead_letters()
                 except Exception as exc:  # the database failing again: the next start does it
@@ -410,19 +402,6 @@ class ListenSync:
             await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
-        listener, self._listener = self._listener, None
-        watching, self._watching = self._watching, None
-        if watching is not None:
-            watching.cancel()
-        try:
-            if listener is not None:
-                # Answers the deliveries in progress, then refuses connections.
-                await listener.aclose()
-        finally:
-            try:
-                # Each finishes its queue into the still-open database; what is left stays in
-                # the inbox for the next start.
-                await asyncio.gather(*(r.aclose() for r in self.receivers.values()))
-                self._tell_counts()
-            finally:
-                await self._exit.aclose()
+        """Stop listening (answering the deliveries in progress), let the receivers finish their
+        queues into the still-open database (what is left stays in the inbox), close it."""
+        await self._exit.aclose()

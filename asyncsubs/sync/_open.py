@@ -1,9 +1,8 @@
 """``sink_for(url)``: the one place that knows there are two sinks, and which URL is which.
 
-``postgresql://user@host:port/db`` (or ``postgres://``) is PostgreSQL, shared by any number of
-workers (``postgres.PostgresSink``, extra ``asyncsubs[postgres]``); ``sqlite:///relative.db``,
-``sqlite:////absolute.db`` (SQLAlchemy's style) or a plain path is an SQLite file, one writer
-at a time (``sqlite.SQLiteSink``). Everything else speaks to the ``Sink`` it returns.
+``postgresql://`` (or ``postgres://``) is PostgreSQL, shared by any number of workers (extra
+``asyncsubs[postgres]``); ``sqlite:///relative.db``, ``sqlite:////absolute.db`` (SQLAlchemy's
+style) or a plain path is an SQLite file, one writer at a time.
 """
 
 from __future__ import annotations

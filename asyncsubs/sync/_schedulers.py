@@ -2,17 +2,15 @@
 
 - **One process** (a sink without leases, SQLite): every store's units at once, ``max_stores``
   stores at a time, one client per store.
-- **Leased workers** (a sink with ``Leases``, PostgreSQL): every worker running the same sync
-  on the same database shares the round. A worker joins the current round (or starts one when
-  every unit of the last is finished), claims a pending unit nobody holds, pulls it as above
-  (each commit renews its lease, and a page is only committed under the lease), and claims the
-  next one; a heartbeat renews every held lease each ``lease / 3`` seconds. A worker killed
-  stops renewing, and once its leases expire a survivor resumes its units from their committed
-  cursors; one stopped cleanly releases them at once. A worker with nothing to claim waits for
-  a unit released anywhere, or for the earliest lease that may expire, and ends once no unit
-  of the round is pending; one that found nothing while another worker held two or more is
-  handed units at their next page commits (``postgres``), or says why it was idle
-  (``WorkerIdle``). It prefers units of stores it already has a client for.
+- **Leased workers** (a sink with ``Leases``, PostgreSQL): the workers running the same sync on
+  the same database share the round. Each claims a pending unit nobody holds (stores it has a
+  client for first), pulls it (each commit renews the lease, and a page commits only under
+  it), and claims the next; a heartbeat renews its leases each ``lease / 3`` seconds. A killed
+  worker's units are resumed by a survivor from their committed cursors once its leases
+  expire; one stopped cleanly releases them at once. A worker with nothing to claim waits for
+  a release or the earliest expiry, and ends once no unit of the round is pending; one that
+  found nothing while another held two or more is handed units at their next page commits
+  (``postgres``), or says why it was idle (``WorkerIdle``).
 
 A unit the API refuses is reported (``UnitFailed``) and the others go on; a ``DatabaseError``
 stops the round.
@@ -22,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 
 from .. import AdminClient
 from ..stores import Message, RunStarted, Store, WorkerIdle
@@ -90,28 +88,24 @@ class _Clients:
 
     def __init__(self, engine: SyncEngine) -> None:
         self.engine = engine
-        self._clients: dict[str, tuple[AdminClient, int]] = {}
+        self.users: dict[str, tuple[AdminClient, int]] = {}
 
-    async def acquire(self, config: Store) -> AdminClient:
-        if config.name not in self._clients:
+    @contextlib.asynccontextmanager
+    async def of(self, config: Store) -> AsyncIterator[AdminClient]:
+        if config.name not in self.users:
             client = await self.engine.open_client(config)
-            if config.name not in self._clients:  # another unit of the store, meanwhile
-                self._clients[config.name] = (client, 0)
-        client, users = self._clients[config.name]
-        self._clients[config.name] = (client, users + 1)
-        return client
-
-    async def release(self, store: str) -> None:
-        client, users = self._clients[store]
-        if users > 1:
-            self._clients[store] = (client, users - 1)
-            return
-        del self._clients[store]
-        await client.aclose()
-
-    @property
-    def stores(self) -> list[str]:
-        return list(self._clients)
+            if self.users.setdefault(config.name, (client, 0))[0] is not client:
+                await client.aclose()  # another unit's was opened meanwhile
+        client, users = self.users[config.name]
+        self.users[config.name] = (client, users + 1)
+        try:
+            yield client
+        finally:
+            client, users = self.users.pop(config.name)
+            if users > 1:
+                self.users[config.name] = (client, users - 1)
+            else:
+                await client.aclose()
 
 
 async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
@@ -130,11 +124,8 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
         nonlocal failed
         store, resource = unit
         try:
-            client = await clients.acquire(by_store[store])
-            try:
+            async with clients.of(by_store[store]) as client:
                 error = await engine.pull(client, by_store[store], resource)
-            finally:
-                await clients.release(store)
             if error is not None:
                 failed += 1
                 await leases.release(unit, error=error)  # not retried this round
@@ -160,7 +151,7 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
                 await slots.acquire()
                 # Not one still running here (handed over or lost, its pull still ending).
                 free = [unit for unit in units if unit not in running]
-                unit = await leases.claim(free, prefer=clients.stores)
+                unit = await leases.claim(free, prefer=list(clients.users))
                 if unit is not None:
                     running[unit] = group.create_task(pull(unit))
                     claimed += 1

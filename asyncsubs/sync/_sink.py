@@ -1,5 +1,5 @@
 """What a sync writes through: the roles a sink plays (``Sink``: all of them), the values it
-takes and gives, and the statements both sinks run, each in its SQL dialect.
+takes and gives, and ``SQLSink``, what both sinks do alike in their SQL dialects.
 
 A sink keeps, per ``(store, resource)`` unit, the records (one table per resource, primary key
 ``(store, id)``) and the unit's state (the cursor to continue from, the run's pages and
@@ -19,7 +19,7 @@ import attrs
 
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
-from ..stores import RESOURCES
+from ..stores import RESOURCES, LearnedStore
 from ..webhooks import DeadLetterStore, Inbox
 
 __all__ = [
@@ -35,18 +35,16 @@ __all__ = [
     "PageWrite",
     "RESOURCES",
     "Records",
+    "SQLSink",
     "STATE_TABLE",
     "Sink",
-    "SinkLifetime",
     "Statements",
     "UnitHandedOver",
     "UnitState",
     "UnitStatus",
     "WebhookTables",
     "json_text",
-    "newer",
     "schema",
-    "text_value",
 ]
 
 R = TypeVar("R")
@@ -55,22 +53,10 @@ STATE_TABLE: Final = "asyncsubs_sync_state"
 STATE_COLUMNS: Final = (
     "cursor, done, run_params, run_from, next_from, seen_max, run_pages, run_records"
 )
-
-
-def _set_excluded(columns: str) -> str:
-    return ", ".join(f"{column} = excluded.{column}" for column in columns.split(", "))
-
-
-#: What an upsert writes over a record's older row (the sinks' rule says when it is older).
-RECORD_UPDATE: Final = _set_excluded("status, customer_id, created_at, updated_at, raw, synced_at")
-#: What committing a page writes over the unit's state (its run's start is the sink's to keep).
-STATE_UPDATE: Final = _set_excluded(f"{STATE_COLUMNS}, run_finished_at, updated_at")
 DELETED_TABLE: Final = "asyncsubs_deleted"
 #: What each store's pools learned of the server (``AdminClient.export_learned()``), so that
 #: the next sync starts at the learned rates and page sizes.
 LEARNED_TABLE: Final = "asyncsubs_learned"
-#: What saving a store's learned limits writes over the row saved before.
-LEARNED_UPDATE: Final = _set_excluded("learned, updated_at")
 #: Seconds a worker's lease on a unit lasts unless renewed: how long a killed worker's units
 #: wait before another worker takes them over.
 DEFAULT_LEASE: Final = 30.0
@@ -126,19 +112,17 @@ class LeaseLostError(Exception):
 
 
 class UnitHandedOver(LeaseLostError):
-    """The page was committed, and then the unit handed to a worker that had none (it resumes
-    from that page's cursor): stop pulling it."""
+    """The page was committed, then the unit handed to a worker that had none: stop pulling."""
 
     def __init__(self, unit: str, why: str = "handed to a worker that had none") -> None:
         super().__init__(unit, why)
 
 
 def schema(*, json: str, time: str, flag: str, count: str, big: str) -> list[str]:
-    """The tables both sinks keep, in a database's column types: one per resource (primary key
-    ``(store, id)``, the record as received in ``raw``, typed columns as sent), the units'
-    state, and the ids deleted by webhooks (ids are never reused, so a deleted id stays deleted:
-    without this, a page read just before a delete and committed just after its webhook would
-    bring the record back)."""
+    """The tables both sinks keep, in a database's column types: one per resource, the units'
+    state, the learned limits, and the ids deleted by webhooks (ids are never reused: without
+    them, a page read just before a delete and committed just after its webhook would bring
+    the record back)."""
     records = [
         f"""CREATE TABLE IF NOT EXISTS {resource} (
             store TEXT NOT NULL,
@@ -191,13 +175,11 @@ def json_text(value: Any) -> str:
     return dumps(value).decode()
 
 
-def text_value(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return json_text(value)
+def _text(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else json_text(value)
 
 
-def newer(a: Any, b: Any) -> Any:
+def _newer(a: Any, b: Any) -> Any:
     """The larger of two incremental values (numbers with numbers, strings with strings)."""
     if a is None:
         return b
@@ -210,6 +192,14 @@ def newer(a: Any, b: Any) -> Any:
     return b
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+def _set_excluded(columns: str) -> str:
+    return ", ".join(f"{column} = excluded.{column}" for column in columns.split(", "))
+
+
 @attrs.frozen
 class Dialect:
     """How one database spells what both sinks run."""
@@ -218,11 +208,13 @@ class Dialect:
     param: str
     #: A text stamp as an instant to compare (NULL when it does not parse), ``{}`` for it.
     instant: str
-    #: The time now (SQLite: a parameter ``now``, bound with every statement).
+    #: The time now, as the database writes it.
     now: str
-    #: A value as a JSON column takes it (None is NULL), and back (None: as it comes).
+    #: One row, whose first column is true, when table ``{}`` exists.
+    has_table: str
+    #: A value as a JSON column takes it (None is NULL), and back.
     dump: Callable[[Any], Any]
-    load: Callable[[Any], Any] | None
+    load: Callable[[Any], Any] = _same
 
 
 class Statements:
@@ -234,11 +226,13 @@ class Statements:
         unit = f"store = {p('store')} AND resource = {p('resource')}"
         self.load_state = f"SELECT {STATE_COLUMNS} FROM {STATE_TABLE} WHERE {unit}"
         state = ", ".join(p(column) for column in STATE_COLUMNS.split(", "))
+        # A run's start is the sink's to keep while it goes on.
         self.save_state = f"""INSERT INTO {STATE_TABLE} (store, resource, {STATE_COLUMNS},
                 run_started_at, run_finished_at, updated_at)
             VALUES ({p("store")}, {p("resource")}, {state}, {d.now},
                 CASE WHEN {p("done")} THEN {d.now} END, {d.now})
-            ON CONFLICT (store, resource) DO UPDATE SET {STATE_UPDATE},
+            ON CONFLICT (store, resource) DO UPDATE
+                SET {_set_excluded(f"{STATE_COLUMNS}, run_finished_at, updated_at")},
                 run_started_at = CASE WHEN {p("new_run")} THEN excluded.run_started_at
                                  ELSE {STATE_TABLE}.run_started_at END"""
         self.remember_deleted = (
@@ -249,7 +243,7 @@ class Statements:
         self.save_learned = (
             f"INSERT INTO {LEARNED_TABLE} (store, learned, updated_at)"
             f" VALUES ({p('store')}, {p('learned')}, {d.now})"
-            f" ON CONFLICT (store) DO UPDATE SET {LEARNED_UPDATE}"
+            f" ON CONFLICT (store) DO UPDATE SET {_set_excluded('learned, updated_at')}"
         )
         self._upserts: dict[str, str] = {}
 
@@ -261,39 +255,41 @@ class Statements:
         return f"DELETE FROM {resource} WHERE store = {p('store')} AND id = {p('id')}"
 
     def upsert(self, resource: str) -> str:
-        if resource not in self._upserts:
-            self._upserts[resource] = self._upsert(resource)
-        return self._upserts[resource]
-
-    def _upsert(self, resource: str) -> str:
         # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
         # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare
         # as instants when they parse (``Z`` and offsets mix), as text otherwise. Equal stamps
         # replace: the next (inclusive) incremental pull settles same-second changes. A
         # deleted id never comes back.
+        if resource in self._upserts:
+            return self._upserts[resource]
         d, p = self.dialect, self.dialect.param.format
         values = ", ".join(p(column) for column in ("store", "id", *_TYPED, "raw"))
         new, old = d.instant.format("excluded.updated_at"), d.instant.format("t.updated_at")
-        return f"""INSERT INTO {resource} AS t
+        update = _set_excluded("status, customer_id, created_at, updated_at, raw, synced_at")
+        self._upserts[resource] = sql = f"""INSERT INTO {resource} AS t
                 (store, id, {", ".join(_TYPED)}, raw, synced_at)
             SELECT {values}, {d.now}
             WHERE NOT EXISTS (SELECT 1 FROM {DELETED_TABLE}
                 WHERE store = {p("store")} AND resource = '{resource}' AND id = {p("id")})
-            ON CONFLICT (store, id) DO UPDATE SET {RECORD_UPDATE}
+            ON CONFLICT (store, id) DO UPDATE SET {update}
             WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
                 OR coalesce({new} >= {old}, excluded.updated_at >= t.updated_at)"""
+        return sql
 
     def record(self, store: str, record: Mapping[str, Any]) -> dict[str, Any]:
         """The upsert's parameters for one record (which has an ``id``)."""
         typed = {
-            column: text_value(next((record[n] for n in names if n in record), None))
+            column: _text(next((record[n] for n in names if n in record), None))
             for column, names in _COLUMNS
         }
         raw = self.dialect.dump(record)
-        return {"store": store, "id": text_value(record["id"]), **typed, "raw": raw}
+        return {"store": store, "id": _text(record["id"]), **typed, "raw": raw}
 
-    def state(self, write: PageWrite, new: UnitState) -> dict[str, Any]:
-        """``save_state``'s parameters: the unit's state ``new`` after ``write``."""
+    def state(
+        self, write: PageWrite, old: Sequence[Any] | None, rows: int, page_max: Any
+    ) -> dict[str, Any]:
+        """``save_state``'s parameters: the unit's state after ``write`` over the row ``old``."""
+        new = write.state_after(UnitState.from_row(old, self.dialect.load), rows, page_max)
         dump = self.dialect.dump
         return {
             "store": write.store,
@@ -308,10 +304,6 @@ class Statements:
             "run_records": new.run_records,
             "new_run": write.new_run,
         }
-
-
-def _same(value: Any) -> Any:
-    return value
 
 
 @attrs.frozen
@@ -338,24 +330,19 @@ class UnitState:
         return self.exists and not self.done
 
     @classmethod
-    def from_row(
-        cls, row: Sequence[Any] | None, decode: Callable[[Any], Any] | None = None
-    ) -> UnitState:
-        """The state in a row of ``STATE_COLUMNS`` (None: never run); ``decode`` reads the
-        JSON columns as the database gives them (None: as they are)."""
+    def from_row(cls, row: Sequence[Any] | None, load: Callable[[Any], Any]) -> UnitState:
+        """The state in a row of ``STATE_COLUMNS`` (None: never run), JSON read by ``load``."""
         if row is None:
             return cls()
-        if decode is None:
-            decode = _same
         cursor, done, params, run_from, next_from, seen_max, pages, records = row
         return cls(
             exists=True,
             cursor=cursor,
             done=bool(done),
-            run_params=decode(params) or {},
-            run_from=decode(run_from),
-            next_from=decode(next_from),
-            seen_max=decode(seen_max),
+            run_params=load(params) or {},
+            run_from=load(run_from),
+            next_from=load(next_from),
+            seen_max=load(seen_max),
             run_pages=pages,
             run_records=records,
         )
@@ -387,7 +374,7 @@ class PageWrite:
                     path=self.resource,
                 )
             if self.incremental_field is not None:
-                page_max = newer(page_max, record.get(self.incremental_field))
+                page_max = _newer(page_max, record.get(self.incremental_field))
             rows.append(to_row(self.store, record))
         return rows, page_max
 
@@ -401,7 +388,7 @@ class PageWrite:
             run_params=self.run_params,
             run_from=self.run_from,
             next_from=self.run_from if done else old.next_from,
-            seen_max=newer(old.seen_max, page_max),
+            seen_max=_newer(old.seen_max, page_max),
             run_pages=1 if self.new_run else old.run_pages + 1,
             run_records=rows if self.new_run else old.run_records + rows,
         )
@@ -422,8 +409,14 @@ class UnitStatus:
     error: str | None
 
 
-class SinkLifetime:
-    """``async with sink:`` opens the sink and closes it on leaving."""
+class SQLSink:
+    """What both sinks do alike, in their ``Statements``, through four calls of their own:
+    ``_one`` (a statement's first row), ``_write`` (statements in one transaction), ``_read``
+    (without opening the sink) and, for ``status``, ``_STATUS``: the table it needs, its query.
+    ``async with sink:`` opens it and closes it on leaving."""
+
+    _SQL: Statements
+    _STATUS: tuple[str, str]
 
     async def open(self) -> None:
         raise NotImplementedError
@@ -438,14 +431,60 @@ class SinkLifetime:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    async def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
 
-# The roles a sink plays; a sink implements those it stores. ``Sink`` is both sinks: all of
-# them, and ``Leases`` through ``leases`` where workers share the database.
+    async def _write(self, *statements: tuple[str, Any]) -> int:
+        """The rows ``statements``, run in one transaction, wrote."""
+        raise NotImplementedError
+
+    async def _read(self, sql: str) -> list[Any]:
+        raise NotImplementedError
+
+    async def load_state(self, store: str, resource: str) -> UnitState:
+        row = await self._one(self._SQL.load_state, {"store": store, "resource": resource})
+        return UnitState.from_row(row, self._SQL.dialect.load)
+
+    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
+        return await self._write((self._SQL.upsert(resource), self._SQL.record(store, record))) > 0
+
+    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
+        params = {"store": store, "resource": resource, "id": _text(record_id)}
+        await self._write(
+            (self._SQL.delete(resource), params), (self._SQL.remember_deleted, params)
+        )
+
+    async def count(self, store: str, resource: str) -> int:
+        return int((await self._one(self._SQL.count(resource), {"store": store}))[0])
+
+    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
+        row = await self._one(self._SQL.load_learned, {"store": store})
+        return None if row is None else self._SQL.dialect.load(row[0])
+
+    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
+        learned = self._SQL.dialect.dump(dict(learned))
+        await self._write((self._SQL.save_learned, {"store": store, "learned": learned}))
+
+    async def _has_table(self, name: str) -> bool:
+        rows = await self._read(self._SQL.dialect.has_table.format(name))
+        return bool(rows and rows[0][0])
+
+    async def status(self) -> list[UnitStatus] | None:
+        table, sql = self._STATUS
+        if not await self._has_table(table):
+            return None
+        return [UnitStatus(*row) for row in await self._read(sql)]
+
+    async def has_webhook_tables(self) -> bool:
+        return await self._has_table("webhook_dead_letters")
+
+
+# The roles a sink plays; a sink implements those it stores.
 
 
 class Records(Protocol):
-    """Rows and cursors: the records of each unit and the state it continues from. Use as
-    ``async with sink:`` (``open`` and ``aclose``)."""
+    """Rows and cursors: the records of each unit and the state it continues from, in
+    ``async with sink:``."""
 
     #: The database, for messages (never a password).
     where: str
@@ -490,23 +529,16 @@ class Records(Protocol):
         ...
 
 
-class LearnedLimits(Protocol):
-    """What each store's pools learned of the server, kept for its next sync."""
-
-    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        """What the store's pools learned, as its last sync saved it (None: nothing saved)."""
-        ...
-
-    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        """Keep what the store's pools learned (``AdminClient.export_learned()``)."""
+#: What each store's pools learned of the server, kept for its next sync.
+LearnedLimits = LearnedStore
 
 
 class WebhookTables(Protocol):
     """The webhook inbox and dead letters of a ``ListenSync``, beside the records they update."""
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
-        """The inbox and the dead letters in this (open) database, tables ``webhook_inbox`` and
-        ``webhook_dead_letters`` made if need be; closed with the sink."""
+        """The inbox and dead letters in this (open) database, made if need be; closed with
+        the sink."""
         ...
 
     async def has_webhook_tables(self) -> bool:
@@ -515,9 +547,9 @@ class WebhookTables(Protocol):
 
 
 class Sink(Records, LearnedLimits, WebhookTables, Protocol):
-    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (embedded, one writer) or
-    ``postgres.PostgresSink`` (shared by many workers, its ``Leases``). Both keep the same
-    tables and rules; ``sink_for(url)`` picks one."""
+    """Where a sync writes, every role: ``sqlite.SQLiteSink`` (one writer) or
+    ``postgres.PostgresSink`` (shared by workers through its ``Leases``); ``sink_for(url)``
+    picks one."""
 
 
 class DeadLetters(DeadLetterStore, Protocol):

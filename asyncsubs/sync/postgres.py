@@ -1,28 +1,16 @@
 """The PostgreSQL sink: the SQLite sink's tables and rules in a database many workers share.
 
-Tables as in ``sqlite`` (``subscriptions``, ``customers``, ``orders``, ``asyncsubs_sync_state``,
-``asyncsubs_deleted``) with PostgreSQL's types (``raw`` JSONB, times ``timestamptz``), the same
-upsert rule (newer-or-equal ``updated_at`` wins, deleted ids never return) and each page
-committed with its cursor in one transaction. Two more tables:
+The same tables (``raw`` JSONB, times ``timestamptz``), upsert rule and page commits as in
+``sqlite``, and more: ``asyncsubs_sync_units``, one row per unit with its state in the current
+round and the lease of the worker pulling it (the sink's ``Leases``, see ``_schedulers``);
+``asyncsubs_sync_workers``, the workers of the round; ``webhook_inbox`` and
+``webhook_dead_letters`` for a ``ListenSync``.
 
-- ``asyncsubs_sync_units``: one row per (store, resource), the unit of work: its state in the
-  current round (``pending``, ``done``, ``failed``), and while a worker pulls it, the lease
-  (``holder``, ``lease_until``): the sink's ``Leases`` (see ``_schedulers`` for how workers
-  claim and release units).
-- ``webhook_inbox`` and ``webhook_dead_letters``: a ``ListenSync``'s durable inbox and dead
-  letters (``PostgresInbox``, ``PostgresDeadLetters``), as the SQLite stores keep them.
-
-Built on psycopg 3: native asyncio (no thread hop per statement, unlike the SQLite sink), its
-connection pool (``psycopg_pool``), ``executemany`` (pipelined: a page's upserts are one round
-trip), its JSONB adaptation (a record's ``raw`` written by ``asyncsubs._json``, which keeps
-integers beyond 64 bits exact), and ``LISTEN``/``NOTIFY`` for waking waiting workers.
-asyncpg would be as fast but brings its own pool and type codecs to learn; psycopg is the
-reference driver, follows libpq's URLs and environment variables (``PGPASSWORD``, ``.pgpass``,
-``sslmode``) exactly, and its errors carry SQLSTATE codes the messages below use.
-
-Every page commit also checks, inside its transaction, that this worker still holds the unit's
-lease (and extends it): a worker that lost its lease (paused past the expiry, then taken over)
-cannot write a page over its successor's, so each unit is written by one worker at a time.
+Built on psycopg 3, the reference driver: native asyncio, its pool, pipelined
+``executemany`` (a page's upserts are one round trip), libpq's URLs and environment
+(``PGPASSWORD``, ``.pgpass``, ``sslmode``), SQLSTATE codes, ``LISTEN``/``NOTIFY`` to wake
+waiting workers. Every page commit checks, in its transaction, that this worker still holds
+the unit's lease: one that lost it cannot write over its successor's pages.
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -48,13 +36,10 @@ from ._sink import (
     Dialect,
     LeaseLostError,
     PageWrite,
-    SinkLifetime,
+    SQLSink,
     Statements,
     UnitHandedOver,
-    UnitState,
-    UnitStatus,
     schema,
-    text_value,
 )
 
 try:
@@ -143,16 +128,20 @@ def _jsonb(value: Any) -> Jsonb | None:
 
 
 _SQL: Final = Statements(
-    Dialect(param="%({})s", instant="asyncsubs_instant({})", now="now()", dump=_jsonb, load=None)
+    Dialect(
+        param="%({})s",
+        instant="asyncsubs_instant({})",
+        now="now()",
+        has_table="SELECT to_regclass('{}')",
+        dump=_jsonb,
+    )
 )
 
 
-def _in_units(units: Sequence[tuple[str, str]]) -> tuple[str, dict[str, list[str]]]:
-    """A condition selecting ``units`` (two arrays, as the parameters ``stores``, ``resources``)."""
-    return (
-        "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))",
-        {"stores": [s for s, _ in units], "resources": [r for _, r in units]},
-    )
+#: Whether a row is one of the units given as two arrays, parameters ``stores``, ``resources``.
+_IN_UNITS: Final = (
+    "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))"
+)
 
 
 def _held(holder: str) -> str:
@@ -196,13 +185,24 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
-class PostgresSink(SinkLifetime):
+class PostgresSink(SQLSink):
     """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
     ``holder`` names this worker in the units table (default: host, pid and a random part).
     ``timeout``: seconds an operation waits for a connection (the server down, restarting or
     unreachable) before it fails with a ``DatabaseError``.
     """
+
+    _SQL = _SQL
+    _STATUS = (
+        UNITS_TABLE,
+        f"""SELECT u.store, u.resource, u.state, u.holder,
+                extract(epoch FROM u.lease_until - now())::float8, s.run_records,
+                s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
+            FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
+                ON s.store = u.store AND s.resource = u.resource
+            ORDER BY u.store, u.resource""",
+    )
 
     def __init__(
         self,
@@ -267,23 +267,21 @@ class PostgresSink(SinkLifetime):
         start, delay, attempts = loop.time(), 0.25, 0
         while True:
             attempts += 1
-            left = self.timeout - (loop.time() - start)
             try:
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(self.timeout - (loop.time() - start)):
                     conn = await psycopg.AsyncConnection.connect(self.url)
+                return await conn.close()
             except (psycopg.Error, TimeoutError) as exc:
                 waited = loop.time() - start
                 if waited + delay >= self.timeout:
-                    why = self._error(exc) if isinstance(exc, psycopg.Error) else None
-                    text = str(why) if why else f"database {self.where}: no answer"
+                    why = f"database {self.where}: no answer"
+                    if isinstance(exc, psycopg.Error):
+                        why = str(self._error(exc))
                     raise DatabaseUnavailable(
-                        f"{text} (waited {waited:.1f}s, {attempts} attempts)"
+                        f"{why} (waited {waited:.1f}s, {attempts} attempts)"
                     ) from None
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
-            else:
-                await conn.close()
-                return
 
     async def open(self) -> None:
         await self._reach()
@@ -306,10 +304,7 @@ class PostgresSink(SinkLifetime):
             self._listen = None
         await self._pool.close()
 
-    # -- the Sink interface ---------------------------------------------------------------------
-
     async def _one(self, sql: str, params: Any = ()) -> Any:
-        """The first row of one statement, in a transaction of its own."""
         return next(iter(await self._rows(sql, params)), None)
 
     async def _rows(self, sql: str, params: Any = ()) -> list[Any]:
@@ -317,14 +312,9 @@ class PostgresSink(SinkLifetime):
             cur = await conn.execute(sql, params)
             return await cur.fetchall() if cur.description else []
 
-    async def _write(self, sql: str, params: Any = ()) -> int:
-        """How many rows one statement, in a transaction of its own, wrote."""
+    async def _write(self, *statements: tuple[str, Any]) -> int:
         async with self.transaction() as conn:
-            return (await conn.execute(sql, params)).rowcount
-
-    async def load_state(self, store: str, resource: str) -> UnitState:
-        row = await self._one(_SQL.load_state, {"store": store, "resource": resource})
-        return UnitState.from_row(row)
+            return sum([(await conn.execute(sql, params)).rowcount for sql, params in statements])
 
     async def commit_page(self, w: PageWrite) -> None:
         rows, page_max = w.rows(_SQL.record)
@@ -343,10 +333,10 @@ class PostgresSink(SinkLifetime):
                 async with conn.cursor() as cursor:
                     await cursor.executemany(_SQL.upsert(w.resource), rows)
             unit = {"store": w.store, "resource": w.resource}
-            old = await conn.execute(_SQL.load_state + " FOR UPDATE", unit)
-            new = w.state_after(UnitState.from_row(await old.fetchone()), len(rows), page_max)
-            await conn.execute(_SQL.save_state, _SQL.state(w, new))
-            if new.done:
+            old = await (await conn.execute(_SQL.load_state + " FOR UPDATE", unit)).fetchone()
+            state = _SQL.state(w, old, len(rows), page_max)
+            await conn.execute(_SQL.save_state, state)
+            if state["done"]:
                 # The unit is done with its last page: no window in which a crash leaves it
                 # finished but still pending (which would pull it again).
                 await conn.execute(
@@ -356,30 +346,10 @@ class PostgresSink(SinkLifetime):
                 )
                 await conn.execute(f"NOTIFY {CHANNEL}")
                 self._finished += 1
-            elif await self._hand_over(conn, (w.store, w.resource)):
-                handed = True
+            else:
+                handed = await self._hand_over(conn, (w.store, w.resource))
         if handed:
             raise UnitHandedOver(f"{w.store}/{w.resource}")
-
-    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        return await self._write(_SQL.upsert(resource), _SQL.record(store, record)) > 0
-
-    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        params = {"store": store, "resource": resource, "id": text_value(record_id)}
-        async with self.transaction() as conn:
-            await conn.execute(_SQL.delete(resource), params)
-            await conn.execute(_SQL.remember_deleted, params)
-
-    async def count(self, store: str, resource: str) -> int:
-        row = await self._one(_SQL.count(resource), {"store": store})
-        return int(row[0]) if row else 0
-
-    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        row = await self._one(_SQL.load_learned, {"store": store})
-        return None if row is None else dict(row[0])
-
-    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        await self._write(_SQL.save_learned, {"store": store, "learned": Jsonb(dict(learned))})
 
     # -- units and leases (``Leases``) ---------------------------------------------------------
     #
@@ -391,11 +361,17 @@ class PostgresSink(SinkLifetime):
     # wants no more (units are not moved back and forth as a round runs out).
 
     def _params(self, units: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-        return {"holder": self.holder, "lease": self.lease, **_in_units(units)[1]}
+        stores, resources = [s for s, _ in units], [r for _, r in units]
+        return {
+            "holder": self.holder,
+            "lease": self.lease,
+            "stores": stores,
+            "resources": resources,
+        }
 
     async def join_round(self, units: Sequence[tuple[str, str]]) -> bool:
         self._finished = 0
-        where, params = _in_units(units)
+        params = self._params(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             cur = await conn.execute(
@@ -406,13 +382,15 @@ class PostgresSink(SinkLifetime):
             )
             added = cur.rowcount > 0
             cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'", params
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'",
+                params,
             )
             row = await cur.fetchone()
             if row and row[0]:
                 return added
             await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {where}", params
+                f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {_IN_UNITS}",
+                params,
             )
             return True
 
@@ -420,14 +398,13 @@ class PostgresSink(SinkLifetime):
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
         # Leaving a worker that has none the units it is owed (see above).
-        where, _ = _in_units(units)
         params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
                 f"""UPDATE {UNITS_TABLE} t SET holder = %(holder)s, claimed_at = now(),
                         lease_until = now() + make_interval(secs => %(lease)s)
                     FROM (SELECT store, resource FROM {UNITS_TABLE} u
-                          WHERE {where} AND state = 'pending'
+                          WHERE {_IN_UNITS} AND state = 'pending'
                             AND (holder IS NULL OR lease_until < now())
                             AND NOT {_owed(_held("%(holder)s"))}
                           ORDER BY store = ANY(%(prefer)s) DESC, store, resource
@@ -459,7 +436,6 @@ class PostgresSink(SinkLifetime):
         return cur.rowcount > 0
 
     async def renew(self, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        where, _ = _in_units(units)
         async with self.transaction() as conn:
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET lease_until = now() + make_interval(secs => %(lease)s)"
@@ -471,7 +447,7 @@ class PostgresSink(SinkLifetime):
                 self._params(),
             )
             cur = await conn.execute(
-                f"SELECT store, resource FROM {UNITS_TABLE} WHERE {where}"
+                f"SELECT store, resource FROM {UNITS_TABLE} WHERE {_IN_UNITS}"
                 " AND state = 'pending' AND holder IS DISTINCT FROM %(holder)s",
                 self._params(units),
             )
@@ -479,14 +455,12 @@ class PostgresSink(SinkLifetime):
 
     async def release(self, unit: tuple[str, str], *, error: str | None = None) -> None:
         self._finished += error is not None
-        async with self.transaction() as conn:
-            await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
-                " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
-                " WHERE store = %s AND resource = %s AND holder = %s",
-                (error, error, *unit, self.holder),
-            )
-            await conn.execute(f"NOTIFY {CHANNEL}")
+        release = (
+            f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL,"
+            " state = CASE WHEN %s::text IS NULL THEN state ELSE 'failed' END, error = %s"
+            " WHERE store = %s AND resource = %s AND holder = %s"
+        )
+        await self._write((release, (error, error, *unit, self.holder)), (f"NOTIFY {CHANNEL}", ()))
 
     async def release_all(self) -> None:
         # Not for long: after a database error, the leases may as well expire.
@@ -499,11 +473,10 @@ class PostgresSink(SinkLifetime):
             await conn.execute(f"NOTIFY {CHANNEL}")
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
-        where, _ = _in_units(units)
         row = await self._one(
             f"""SELECT count(*), extract(epoch FROM min(lease_until) FILTER
                     (WHERE holder IS DISTINCT FROM %(holder)s) - now())
-                FROM {UNITS_TABLE} WHERE {where} AND state = 'pending'""",
+                FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'""",
             self._params(units),
         )
         if row is None or not row[0]:
@@ -525,8 +498,6 @@ class PostgresSink(SinkLifetime):
                     await listen.close()
             raise self._error(exc) from None
 
-    # -- read without opening: sync-status and dead-letters -------------------------------------
-
     async def _read(self, sql: str) -> list[Any]:
         """Rows of ``sql`` on a connection of its own (no pool, no schema created)."""
         try:
@@ -536,52 +507,38 @@ class PostgresSink(SinkLifetime):
         except psycopg.Error as exc:
             raise self._error(exc) from None
 
-    async def _has_table(self, name: str) -> bool:
-        return bool((await self._read(f"SELECT to_regclass('{name}')"))[0][0])
-
-    async def status(self) -> list[UnitStatus] | None:
-        if not await self._has_table(UNITS_TABLE):
-            return None
-        rows = await self._read(
-            f"""SELECT u.store, u.resource, u.state, u.holder,
-                    extract(epoch FROM u.lease_until - now())::float8, s.run_records,
-                    s.run_pages, extract(epoch FROM now() - s.updated_at)::float8, u.error
-                FROM {UNITS_TABLE} u LEFT JOIN {STATE_TABLE} s
-                    ON s.store = u.store AND s.resource = u.resource
-                ORDER BY u.store, u.resource"""
-        )
-        return [UnitStatus(*row) for row in rows]
-
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         # One pool: an inbox write takes a connection of its own, never waiting for a page.
         return PostgresInbox(self), PostgresDeadLetters(self)
-
-    async def has_webhook_tables(self) -> bool:
-        return await self._has_table(DEAD_LETTER_TABLE)
-
-
-def _epoch(value: datetime) -> float:
-    return value.timestamp()
 
 
 def _instant(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-class PostgresInbox:
-    """``asyncsubs.webhooks.Inbox`` in the sink's ``webhook_inbox`` table, on its pool: an
-    ``add`` returns once committed."""
+class _Table:
+    """A webhook store in a table of the sink's database, on its pool: writes return once
+    committed."""
 
     def __init__(self, sink: PostgresSink) -> None:
         self.sink = sink
 
+    async def _write(self, sql: str, *params: Any) -> int:
+        return await self.sink._write((sql, params))
+
+
+class PostgresInbox(_Table):
+    """``asyncsubs.webhooks.Inbox`` in the sink's ``webhook_inbox`` table."""
+
     async def add(self, e: InboxEntry) -> bool:
-        added = await self.sink._write(
-            f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+        return (
+            await self._write(
+                f"INSERT INTO {INBOX_TABLE} (store, event_id, body, received_at, attempts)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                *(e.store, e.event_id, e.body, _instant(e.received_at), e.attempts),
+            )
+            > 0
         )
-        return added > 0
 
     async def pending(self, store: str) -> list[InboxEntry]:
         rows = await self.sink._rows(
@@ -589,25 +546,22 @@ class PostgresInbox:
             " WHERE store = %s ORDER BY received_at, event_id",
             (store,),
         )
-        return [InboxEntry(store, r[0], bytes(r[1]), _epoch(r[2]), r[3]) for r in rows]
+        return [InboxEntry(store, r[0], bytes(r[1]), r[2].timestamp(), r[3]) for r in rows]
 
     async def remove(self, store: str, event_id: str) -> None:
         sql = f"DELETE FROM {INBOX_TABLE} WHERE store = %s AND event_id = %s"
-        await self.sink._write(sql, (store, event_id))
+        await self._write(sql, store, event_id)
 
 
-class PostgresDeadLetters:
+class PostgresDeadLetters(_Table):
     """``asyncsubs.webhooks.DeadLetterStore`` in the sink's ``webhook_dead_letters`` table."""
 
-    def __init__(self, sink: PostgresSink) -> None:
-        self.sink = sink
-
     async def add(self, x: DeadLetter) -> None:
-        await self.sink._write(
+        await self._write(
             f"INSERT INTO {DEAD_LETTER_TABLE}"
             " (event_id, topic, body, error, attempts, failed_at, store)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
+            *(x.event_id, x.topic, x.body, x.error, x.attempts, _instant(x.failed_at), x.store),
         )
 
     async def all(self) -> list[DeadLetter]:
@@ -615,16 +569,15 @@ class PostgresDeadLetters:
             "SELECT event_id, topic, body, error, attempts, failed_at, store"
             f" FROM {DEAD_LETTER_TABLE} ORDER BY seq"
         )
-        return [DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], _epoch(r[5]), r[6]) for r in rows]
+        return [
+            DeadLetter(r[0], r[1], bytes(r[2]), r[3], r[4], r[5].timestamp(), r[6]) for r in rows
+        ]
 
     async def remove(self, event_id: str) -> int:
-        return await self.sink._write(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", (event_id,)
-        )
+        return await self._write(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s", event_id)
 
     async def remove_for_store(self, store: str | None, event_id: str) -> int:
-        return await self.sink._write(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s"
-            " AND store IS NOT DISTINCT FROM %s",
-            (event_id, store),
+        sql = (
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s AND store IS NOT DISTINCT FROM %s"
         )
+        return await self._write(sql, event_id, store)

@@ -1,17 +1,11 @@
 """The SQLite sink: the embedded sync database, one writer at a time.
 
-Tables: one per resource (``subscriptions``, ``customers``, ``orders``), primary key ``(store,
-id)``, the record's JSON as received in ``raw`` plus typed columns for the common fields;
-``asyncsubs_sync_state``, one row per ``(store, resource)``; ``asyncsubs_learned``, what each
-store's pools learned of the server; ``asyncsubs_deleted``, the ids deleted by webhooks.
-A ``ListenSync`` adds ``webhook_inbox`` and ``webhook_dead_letters``, kept by
-``asyncsubs.webhooks``' SQLite stores on connections of their own, so acknowledging a delivery
-never waits for a page's transaction.
-
-All the sink's SQLite work runs on one dedicated thread holding its one connection: writes are
-serialized without locks, and the event loop never blocks on disk. One process writes a
-database at a time: ``lock()`` holds ``DB.asyncsubs-lock`` beside it with ``flock`` (see
-``hold_database``).
+The tables of ``_sink.schema`` with JSON and times as text; a ``ListenSync`` adds
+``webhook_inbox`` and ``webhook_dead_letters``, kept by ``asyncsubs.webhooks``' SQLite stores
+on connections of their own, so acknowledging a delivery never waits for a page's transaction.
+All the sink's own work runs on one thread holding its one connection: writes are serialized
+without locks, and the event loop never blocks on disk. One process writes a database at a
+time: ``lock()`` holds ``DB.asyncsubs-lock`` beside it (``hold_database``).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -40,13 +34,10 @@ from ._sink import (
     DeadLetters,
     Dialect,
     PageWrite,
-    SinkLifetime,
+    SQLSink,
     Statements,
-    UnitState,
-    UnitStatus,
     json_text,
     schema,
-    text_value,
 )
 
 __all__ = [
@@ -60,8 +51,6 @@ LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
 _BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
-
-#: As text: SQLite compares the stamps with julianday(), reads the JSON with json_extract().
 _SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
 
 
@@ -78,7 +67,14 @@ def _load(value: str | None) -> Any:
 
 
 _SQL: Final = Statements(
-    Dialect(param=":{}", instant="julianday({})", now=":now", dump=_dump, load=_load)
+    Dialect(
+        param=":{}",
+        instant="julianday({})",
+        now="strftime('%Y-%m-%dT%H:%M:%SZ', 'now')",
+        has_table="SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{}'",
+        dump=_dump,
+        load=_load,
+    )
 )
 
 
@@ -92,14 +88,11 @@ def _holder(fd: int) -> str:
 @contextlib.contextmanager
 def hold_database(db: Path) -> Iterator[None]:
     """Hold ``db`` for this process for the block; DatabaseConfigError naming the holder when
-    another process has it.
+    another process has it (two syncs on one database would resume each other's cursors).
 
-    Two syncs on one database would resume each other's cursors and share its stores' rate
-    limits without knowing it. The lock is the kernel's: it goes with the process however that
-    ends (SIGKILL included), so a file left behind never blocks the next run; the file only
-    says who holds it (pid, host, since when), and is removed on leaving the block. It lies
-    beside the database's real path, symlinks resolved as SQLite resolves them; a hard link is
-    a second name SQLite cannot tell either (its "How To Corrupt An SQLite Database File", 2.4).
+    The lock is the kernel's ``flock``: it goes with the process however that ends, so a file
+    left behind never blocks the next run; the file only says who holds it, and is removed on
+    leaving. It lies beside the database's real path, symlinks resolved as SQLite does.
     """
     if sys.platform == "win32":  # no flock; one sync per database is then the user's rule
         yield
@@ -146,13 +139,20 @@ def _lock(path: Path, db: Path) -> int:
         os.close(fd)  # the file its holder removed on leaving: lock the one there now
 
 
-class SQLiteSink(SinkLifetime):
+class SQLiteSink(SQLSink):
     """The ``Sink`` in an SQLite file: one connection, used only from one worker thread.
     ``busy_timeout``: seconds a write waits for another process's lock on the file before it
     fails (a ``DatabaseError``), on every connection of the sink."""
 
     #: One writer: a sync holds the database (``lock``) instead of sharing it.
     leases = None
+    _SQL = _SQL
+    _STATUS = (
+        STATE_TABLE,
+        "SELECT store, resource, CASE WHEN done THEN 'done' ELSE 'pending' END, NULL, NULL,"
+        " run_records, run_pages, (julianday('now') - julianday(updated_at)) * 86400, NULL"
+        f" FROM {STATE_TABLE} ORDER BY store, resource",
+    )
 
     def __init__(self, path: Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = path
@@ -193,10 +193,10 @@ class SQLiteSink(SinkLifetime):
 
     def _open(self) -> None:
         # Transactions are explicit (BEGIN IMMEDIATE ... COMMIT), so a page and its cursor are
-        # committed together. Used from self._thread only.
+        # committed together.
         conn = connect_sqlite(self.path, busy_timeout=self.busy_timeout)
         try:
-            with self._transaction(conn):
+            with _transaction(conn):
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -216,90 +216,41 @@ class SQLiteSink(SinkLifetime):
             self._conn = None
         self._thread.shutdown(wait=True)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+    async def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return await self._run(lambda: self.conn.execute(sql, params).fetchone())
 
-    async def load_state(self, store: str, resource: str) -> UnitState:
-        return await self._run(self._load_state, store, resource)
+    async def _write(self, *statements: tuple[str, Any]) -> int:
+        return await self._run(self._write_now, statements)
 
-    def _load_state(self, store: str, resource: str) -> UnitState:
-        row = self.conn.execute(_SQL.load_state, {"store": store, "resource": resource})
-        return UnitState.from_row(row.fetchone(), _load)
+    def _write_now(self, statements: Iterable[tuple[str, Any]]) -> int:
+        with _transaction(self.conn) as conn:
+            return sum(conn.execute(sql, params).rowcount for sql, params in statements)
 
     async def commit_page(self, write: PageWrite) -> None:
         await self._run(self._commit_page, write)
 
     def _commit_page(self, w: PageWrite) -> None:
-        now = {"now": _now()}
-        rows, page_max = w.rows(lambda store, record: {**_SQL.record(store, record), **now})
-        conn = self.conn
-        with self._transaction(conn):
+        rows, page_max = w.rows(_SQL.record)
+        with _transaction(self.conn) as conn:
             conn.executemany(_SQL.upsert(w.resource), rows)
-            new = w.state_after(self._load_state(w.store, w.resource), len(rows), page_max)
-            conn.execute(_SQL.save_state, {**_SQL.state(w, new), **now})
+            old = conn.execute(_SQL.load_state, {"store": w.store, "resource": w.resource})
+            conn.execute(_SQL.save_state, _SQL.state(w, old.fetchone(), len(rows), page_max))
 
-    async def upsert_record(self, store: str, resource: str, record: Mapping[str, Any]) -> bool:
-        # One statement: its own transaction in autocommit mode.
-        params = {**_SQL.record(store, record), "now": _now()}
-        cursor = await self._run(self.conn.execute, _SQL.upsert(resource), params)
-        return cursor.rowcount > 0
-
-    async def delete_record(self, store: str, resource: str, record_id: Any) -> None:
-        params = {"store": store, "resource": resource, "id": text_value(record_id)}
-        await self._run(self._delete_record, resource, {**params, "now": _now()})
-
-    def _delete_record(self, resource: str, params: dict[str, Any]) -> None:
-        with self._transaction(self.conn):
-            self.conn.execute(_SQL.delete(resource), params)
-            self.conn.execute(_SQL.remember_deleted, params)
-
-    def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
-        return self.conn.execute(sql, params).fetchone()
-
-    async def count(self, store: str, resource: str) -> int:
-        return int((await self._run(self._one, _SQL.count(resource), {"store": store}))[0])
-
-    async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        row = await self._run(self._one, _SQL.load_learned, {"store": store})
-        return None if row is None else _load(row[0])
-
-    async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        params = {"store": store, "learned": json_text(learned), "now": _now()}
-        await self._run(self.conn.execute, _SQL.save_learned, params)
-
-    # -- read without opening: sync-status and dead-letters -------------------------------------
-
-    def _read(self, sql: str) -> list[Any]:
+    async def _read(self, sql: str) -> list[Any]:
         """Rows of ``sql`` from the database opened read-only (no table is created; a missing
         database is a ConfigError)."""
         if not self.path.is_file():
             raise DatabaseConfigError(f"{self.path} does not exist")
-        try:
+
+        def read() -> list[Any]:
             uri = f"{self.path.resolve().as_uri()}?mode=ro"
             with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
                 return conn.execute(sql).fetchall()
+
+        try:
+            return await asyncio.to_thread(read)
         except sqlite3.Error as exc:
             raise DatabaseError(f"database {self.path}: {exc}") from None
-
-    async def status(self) -> list[UnitStatus] | None:
-        if not await self._has_table(STATE_TABLE):
-            return None
-        rows = await asyncio.to_thread(
-            self._read,
-            "SELECT store, resource, CASE WHEN done THEN 'done' ELSE 'pending' END, NULL, NULL,"
-            " run_records, run_pages, (julianday('now') - julianday(updated_at)) * 86400, NULL"
-            f" FROM {STATE_TABLE} ORDER BY store, resource",
-        )
-        return [UnitStatus(*row) for row in rows]
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         if self._webhook_stores is None:
@@ -314,9 +265,14 @@ class SQLiteSink(SinkLifetime):
                 await store.open()
         return self._webhook_stores
 
-    async def has_webhook_tables(self) -> bool:
-        return await self._has_table("webhook_dead_letters")
 
-    async def _has_table(self, name: str) -> bool:
-        sql = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}'"
-        return bool(await asyncio.to_thread(self._read, sql))
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
