@@ -38,7 +38,6 @@ from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, check_token, check_version
 from ..webhooks import WebhookConfig, resolve_store_binding
 from ._store import (
-    DEFAULT_PAGE_SIZE,
     LISTEN_INCREMENTAL,
     RESOURCES,
     Incremental,
@@ -57,6 +56,17 @@ _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _INCREMENTAL: Final = '{ param = "...", field = "..." }'
 _REQUIRED: Final = ("base_url", "token_env")
+#: Keys that are a ``Store``'s attributes of the same name.
+_STORE_KEYS: Final = (
+    "resources",
+    "page_size",
+    "timeout",
+    "version",
+    "allow_insecure",
+    "webhook_secret_env",
+    "redis",
+    "redis_fallback",
+)
 #: Keys that belong to each store, never to ``[defaults]``.
 _PER_STORE: Final = (*_REQUIRED, "webhook_store_id")
 #: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
@@ -101,6 +111,13 @@ def _at(path: Sequence[str] | Path | str, problem: object) -> ConfigError:
 def _key_path(path: Sequence[str]) -> str:
     """A key path as written in the file: ``stores."c d".limits``."""
     return ".".join(key if _BARE_KEY_RE.match(key) else f'"{key}"' for key in path)
+
+
+def _given(table: Any) -> dict[str, Any]:
+    """A table's keys that are set."""
+    if table is None:
+        return {}
+    return {k: v for k, v in attrs.asdict(table, recurse=False).items() if v is not None}
 
 
 # -- each key's check: the value it holds, or ValueError (ConfigError) saying what is wrong ---
@@ -215,9 +232,8 @@ def _webhook_setting(setting: str, **context: Any) -> Callable[[Any], Any]:
     return check
 
 
-def _key(check: Callable[[Any], Any] | None = None) -> Any:
-    """An optional key of a table: None when absent; ``check`` makes its value (none: its
-    attribute's type, a table, does)."""
+def _key(check: Callable[[Any], Any]) -> Any:
+    """An optional key of a table: None when absent, else ``check(value)``."""
     return attrs.field(default=None, metadata={"check": check})
 
 
@@ -228,8 +244,8 @@ def _table(what: str) -> Callable[[type[T]], type[T]]:
     """Structure the class, a table of ``what``, with the package's converter: keys named as
     its attributes, every other key a problem, each value through its key's check."""
 
-    def hook(check: Callable[[Any], Any] | None) -> Callable[[Any, Any], Any] | None:
-        return None if check is None else lambda value, _: check(value)
+    def hook(check: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+        return lambda value, _: check(value)
 
     def register(cls: type[T]) -> type[T]:
         overrides = {
@@ -254,24 +270,16 @@ def _table(what: str) -> Callable[[type[T]], type[T]]:
     return register
 
 
-@_table("resource = rate")
-@attrs.frozen(kw_only=True)
-class HeavyTable:
-    """``limits.heavy``: a list endpoint's own pool's rate."""
-
-    subscriptions: Rate | None = _key(parse_rate)  # noqa: RUF009 - an attrs.field
-    customers: Rate | None = _key(parse_rate)  # noqa: RUF009 - an attrs.field
-    orders: Rate | None = _key(parse_rate)  # noqa: RUF009 - an attrs.field
+def _table_of(cls: type[Any]) -> Callable[[Any], Any]:
+    return lambda value: converter.structure(value, cls)
 
 
-@_table(f"resource = {_INCREMENTAL}")
-@attrs.frozen(kw_only=True)
-class IncrementalTable:
-    """``incremental``: a list endpoint's ``Incremental`` filter."""
-
-    subscriptions: Incremental | None = _key(_incremental)  # noqa: RUF009 - an attrs.field
-    customers: Incremental | None = _key(_incremental)  # noqa: RUF009 - an attrs.field
-    orders: Incremental | None = _key(_incremental)  # noqa: RUF009 - an attrs.field
+def _per_resource(check: Callable[[Any], Any], what: str) -> Callable[[Any], dict[str, Any]]:
+    """A table of a value per resource, each by ``check``, as a dict."""
+    fields = {resource: _key(check) for resource in RESOURCES}
+    cls: type[Any] = attrs.make_class("ResourceTable", fields, frozen=True, kw_only=True)
+    _table(what)(cls)
+    return lambda value: _given(converter.structure(value, cls))
 
 
 @_table("global, heavy, max_in_flight, max_margin, safety_margin, server_limits")
@@ -280,7 +288,7 @@ class LimitsTable:
     """``limits``: the store's budget (``Limits``), pool by pool; ``global`` is ``global_rate``."""
 
     global_rate: Rate | None = _key(parse_rate)  # noqa: RUF009 - an attrs.field
-    heavy: HeavyTable | None = _key()  # noqa: RUF009 - an attrs.field
+    heavy: Mapping[str, Rate] | None = _key(_per_resource(parse_rate, "resource = rate"))
     max_in_flight: int | None = _key(_whole_number)
     safety_margin: float | None = _key(_fraction)
     max_margin: float | None = _key(_fraction)
@@ -298,8 +306,10 @@ class StoreOptions:
     timeout: float | None = _key(_seconds)
     version: str | None = _key(check_version)
     allow_insecure: bool | None = _key(_boolean)
-    limits: LimitsTable | None = _key()  # noqa: RUF009 - an attrs.field
-    incremental: IncrementalTable | None = _key()  # noqa: RUF009 - an attrs.field
+    limits: LimitsTable | None = _key(_table_of(LimitsTable))  # noqa: RUF009 - an attrs.field
+    incremental: Mapping[str, Incremental] | None = _key(
+        _per_resource(_incremental, f"resource = {_INCREMENTAL}")
+    )
     webhook_secret_env: str | None = _key(_env_name)
     webhook_previous_secrets_env: tuple[str, ...] | None = _key(_env_names)
     webhook_scheme: str | None = _key(_webhook_setting("scheme"))
@@ -396,33 +406,14 @@ def _structure(
 # -- each store ------------------------------------------------------------------------------
 
 
-def _given(table: Any) -> dict[str, Any]:
-    """A table's keys that are set."""
-    if table is None:
-        return {}
-    return {k: v for k, v in attrs.asdict(table, recurse=False).items() if v is not None}
-
-
-def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
-    """The store's options: its own keys over ``[defaults]``; limits key by key, and their
-    heavy pools path by path (the default ones not given a rate discover theirs)."""
-    values = {**_given(defaults), **_given(own)}
-    tables = [_given(t) for t in (defaults.limits, own.limits) if t is not None]
-    if tables:
-        limits = {k: v for table in tables for k, v in table.items()}
-        limits["heavy"] = {k: v for table in tables for k, v in _given(table.get("heavy")).items()}
-        values["limits"] = limits
-    return values
-
-
 def _shown_env(name: str) -> str:
-    """An environment variable's name as a message shows it: an upper-case name as it is, any
-    other (a token pasted where its variable's name goes) not at all."""
+    """A variable's name as a message shows it: not at all unless in upper case (it may be a
+    token pasted where its variable's name goes)."""
     return name if _SHOWN_ENV_RE.fullmatch(name) else "(a name not in upper case, not shown)"
 
 
 def _from_env(name: str, env: Mapping[str, str], check: Callable[[str], object]) -> str:
-    """The secret in variable ``name``, ``check``ed; a ConfigError names the variable, never
+    """The secret in variable ``name``, ``check``ed; ConfigError naming the variable, never
     the secret."""
     if not env.get(name):
         state = "is empty" if name in env else "is not set"
@@ -434,147 +425,112 @@ def _from_env(name: str, env: Mapping[str, str], check: Callable[[str], object])
     return env[name]
 
 
-def _checker(
-    where: tuple[str, ...], own: StoreTable, problems: list[ConfigError]
-) -> Callable[[str, Callable[[], Any]], Any]:
-    """``check(key, test)``: what ``test`` returns, or None with its ConfigError reported under
-    ``key`` where its value came from: the store's own key, or the default's."""
+class _StoreReader:
+    """One ``[stores.<id>]`` table over ``[defaults]``, checked as a whole, each problem said
+    of the key the user has to change: the store's own, or the default it took."""
 
-    def check(key: str, test: Callable[[], Any]) -> Any:
+    def __init__(
+        self,
+        store_id: str,
+        table: Mapping[str, Any],
+        defaults: StoreOptions,
+        env: Mapping[str, str],
+        problems: list[ConfigError],
+        table_class: type[StoreTable] = StoreTable,
+    ) -> None:
+        self.where, self.table, self.env, self.problems = ("stores", store_id), table, env, problems
+        self.own = own = _structure(table_class, table, self.where, problems)
+        self.values = {**_given(defaults), **_given(own)}
+        # Limits merge key by key, their heavy pools path by path (those not given discover).
+        limits = [_given(t) for t in (defaults.limits, own.limits) if t is not None]
+        if limits:
+            self.values["limits"] = {k: v for t in limits for k, v in t.items()}
+            self.values["limits"]["heavy"] = {
+                k: v for t in limits for k, v in t.get("heavy", {}).items()
+            }
+
+    def check(self, key: str, test: Callable[[], T]) -> T | None:
+        """What ``test`` returns, or None with its problem said of ``key``."""
         try:
             return test()
         except ConfigError as exc:
-            at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
-            problems.append(_at(at, exc))
+            own = getattr(self.own, key, None) is not None
+            self.problems.append(_at((*self.where, key) if own else ("defaults", key), exc))
             return None
 
-    return check
-
-
-def _store(
-    store_id: str,
-    table: Mapping[str, Any],
-    own: StoreTable,
-    defaults: StoreOptions,
-    env: Mapping[str, str],
-    problems: list[ConfigError],
-    *,
-    listen: str | None,
-) -> Store | None:
-    """One store from its own keys over ``defaults``; None when anything about it is wrong,
-    each problem said of the key the user has to change. ``listen``: what the caller calls
-    listening (None: not listening; the webhook secrets are not read)."""
-    where = ("stores", store_id)
-    before = len(problems)
-    values = _merged(defaults, own)
-    check = _checker(where, own, problems)
-    for key in ("base_url", "token") if isinstance(own, SecretStoreTable) else _REQUIRED:
-        if key not in table:
-            problems.append(_at(where, f"{key} is required"))
-    version = values.get("version", DEFAULT_VERSION)
-    allow_insecure = values.get("allow_insecure", False)
-    if own.base_url is not None:
-        url, hint = own.base_url, "allow_insecure = true"
-        check("base_url", lambda: check_base_url(url, version, allow_insecure, insecure_hint=hint))
-    token = getattr(own, "token", None) or ""
-    if own.token_env is not None:
-        name = own.token_env
-        token = check("token_env", lambda: _from_env(name, env, check_token)) or ""
-    webhook = _webhook(where, table, values, env, problems, check, listen) if listen else None
-    # None given: every pool the store's client has discovers its rate.
-    limits = (
-        check("limits", lambda: Limits(**values["limits"], discover=True))
-        if "limits" in values
-        else None
-    )
-    if len(problems) > before:
-        return None
-    incremental = _given(values.get("incremental"))
-    if listen:  # reconciliation pulls are incremental: every resource needs a filter
-        incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
-    return Store(
-        name=store_id,
-        base_url=own.base_url or "",
-        token=token,
-        token_env=own.token_env or "",
-        resources=values.get("resources", RESOURCES),
-        page_size=values.get("page_size", DEFAULT_PAGE_SIZE),
-        limits=limits,
-        retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
-        timeout=float(values.get("timeout", 30.0)),
-        version=version,
-        allow_insecure=allow_insecure,
-        incremental=incremental,
-        webhook=webhook,
-        webhook_secret_env=values.get("webhook_secret_env", ""),
-        redis=values.get("redis"),
-        redis_fallback=values.get("redis_fallback"),
-    )
-
-
-def _webhook(
-    where: tuple[str, ...],
-    table: Mapping[str, Any],
-    values: Mapping[str, Any],
-    env: Mapping[str, str],
-    problems: list[ConfigError],
-    check: Callable[[str, Callable[[], Any]], Any],
-    listen: str,
-) -> WebhookConfig | None:
-    """The store's webhook receiver from its ``webhook_*`` keys over ``[defaults]``, its secrets
-    read from the variables they name; None when anything about it is wrong (reported)."""
-    scheme = values.get("webhook_scheme", "hmac")
-
-    def secret(key: str, name: str) -> str | None:
-        value: str | None = check(
-            key, lambda: _from_env(name, env, lambda s: WebhookConfig(s, scheme=scheme))
-        )
-        return value
-
-    if "webhook_secret_env" not in values and "webhook_secret_env" not in table:  # else invalid
-        problems.append(
-            _at(
-                where,
-                f"webhook_secret_env is required with {listen} (the name of the environment "
-                "variable holding the store's webhook secret)",
+    def store(self, listen: str | None) -> Store | None:
+        """The store; None when anything about it is wrong. ``listen``: what the caller calls
+        listening (None: not listening, and the webhook secrets are not read)."""
+        before, own, values = len(self.problems), self.own, self.values
+        for key in ("base_url", "token") if isinstance(own, SecretStoreTable) else _REQUIRED:
+            if key not in self.table:
+                self.problems.append(_at(self.where, f"{key} is required"))
+        version = values.get("version", DEFAULT_VERSION)
+        insecure = values.get("allow_insecure", False)
+        if own.base_url is not None:
+            url, hint = own.base_url, "allow_insecure = true"
+            self.check(
+                "base_url", lambda: check_base_url(url, version, insecure, insecure_hint=hint)
             )
-        )
-    current = (
-        secret("webhook_secret_env", values["webhook_secret_env"])
-        if "webhook_secret_env" in values
-        else None
-    )
-    previous = [
-        secret("webhook_previous_secrets_env", n)
-        for n in values.get("webhook_previous_secrets_env", ())
-    ]
-    settings = {s: values[f"webhook_{s}"] for s in _WEBHOOK_SETTINGS if f"webhook_{s}" in values}
-    read = current is not None and None not in previous
-    try:
-        # Without its secrets, the settings are still checked together.
-        if not read:
-            WebhookConfig(_PROBE_SECRET, **settings)
+        token = getattr(own, "token", None) or ""
+        if own.token_env is not None:
+            name = own.token_env
+            token = self.check("token_env", lambda: _from_env(name, self.env, check_token)) or ""
+        webhook = self.webhook(listen) if listen else None
+        limits = None  # none given: every pool the store's client has discovers its rate
+        if "limits" in values:
+            limits = self.check("limits", lambda: Limits(**values["limits"], discover=True))
+        if len(self.problems) > before:
             return None
-        return WebhookConfig(current, previous_secrets=previous, **settings)
-    except ConfigError as exc:  # settings that do not go together: said of the store's own
-        own = any(f"webhook_{s}" in table for s in _WEBHOOK_SETTINGS)
-        problem = exc.problem if exc.key is None else f"webhook_{exc.key} {exc.problem}"
-        problems.append(_at(where if own else ("defaults",), problem))
-        return None
+        incremental = values.get("incremental", {})
+        if listen:  # reconciliation pulls are incremental: every resource needs a filter
+            incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
+        return Store(
+            name=self.where[1],
+            base_url=own.base_url or "",
+            token=token,
+            token_env=own.token_env or "",
+            limits=limits,
+            retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
+            incremental=incremental,
+            webhook=webhook,
+            **{key: values[key] for key in _STORE_KEYS if key in values},
+        )
 
+    def webhook(self, listen: str) -> WebhookConfig | None:
+        """The store's webhook receiver from its ``webhook_*`` keys, its secrets read from the
+        variables they name; None when anything about it is wrong."""
+        values = self.values
+        scheme = values.get("webhook_scheme", "hmac")
 
-def _unselected_webhook(
-    store_id: str, table: Mapping[str, Any], defaults: StoreOptions, env: Mapping[str, str]
-) -> WebhookConfig | None:
-    """The webhook receiver of a store ``only_stores`` left out, for the binding only: a secret
-    it shares with a selected store would let its deliveries be replayed to that store's URL.
-    Its problems are not this run's: None when it has any."""
-    scratch: list[ConfigError] = []
-    where = ("stores", store_id)
-    own = _structure(StoreTable, table, where, scratch)
-    check = _checker(where, own, scratch)
-    webhook = _webhook(where, table, _merged(defaults, own), env, scratch, check, "")
-    return None if scratch else webhook
+        def secret(key: str, name: str) -> str | None:
+            check = lambda s: WebhookConfig(s, scheme=scheme)  # noqa: E731 - a Standard Webhooks secret must decode
+            return self.check(key, lambda: _from_env(name, self.env, check))
+
+        current = None
+        if "webhook_secret_env" in values:
+            current = secret("webhook_secret_env", values["webhook_secret_env"])
+        elif "webhook_secret_env" not in self.table:  # else said to be invalid
+            problem = (
+                f"webhook_secret_env is required with {listen} (the name of the environment "
+                "variable holding the store's webhook secret)"
+            )
+            self.problems.append(_at(self.where, problem))
+        names = values.get("webhook_previous_secrets_env", ())
+        previous = [secret("webhook_previous_secrets_env", name) for name in names]
+        settings = {
+            s: values[f"webhook_{s}"] for s in _WEBHOOK_SETTINGS if f"webhook_{s}" in values
+        }
+        try:
+            if current is None or None in previous:  # the settings are still checked together
+                WebhookConfig(_PROBE_SECRET, **settings)
+                return None
+            return WebhookConfig(current, previous_secrets=previous, **settings)
+        except ConfigError as exc:  # settings that do not go together: said of the store's own
+            own = any(f"webhook_{s}" in self.table for s in _WEBHOOK_SETTINGS)
+            problem = exc.problem if exc.key is None else f"webhook_{exc.key} {exc.problem}"
+            self.problems.append(_at(self.where if own else ("defaults",), problem))
+            return None
 
 
 def _bind(
@@ -692,9 +648,12 @@ def _load(
     for store_id, table in stores.items():
         where = ("stores", store_id)
         if wanted is not None and store_id not in wanted:
+            # For the binding only: a secret it shares with a selected store would let its
+            # deliveries be replayed to that store's URL. Its problems are not this run's.
             if listen and isinstance(table, Mapping):
-                other = _unselected_webhook(store_id, table, defaults, env)
-                if other is not None:
+                scratch: list[ConfigError] = []
+                other = _StoreReader(store_id, table, defaults, env, scratch).webhook("")
+                if other is not None and not scratch:
                     others[store_id] = other
         elif not isinstance(table, Mapping):
             problems.append(_at(where, "must be a table"))
@@ -702,8 +661,8 @@ def _load(
             problems.append(_at(where, "a store id must not be blank"))
         else:
             before = len(problems)
-            own = _structure(table_class, table, where, problems)
-            config = _store(store_id, table, own, defaults, env, problems, listen=listen_as)
+            reader = _StoreReader(store_id, table, defaults, env, problems, table_class)
+            config = reader.store(listen_as)
             if config is not None and len(problems) == before:
                 if override_resources is not None:
                     config = attrs.evolve(config, resources=override_resources)

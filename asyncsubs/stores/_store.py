@@ -146,7 +146,7 @@ class Store:
     limits: Limits | None = None
     page_size: int | Literal["max"] = attrs.field(default=DEFAULT_PAGE_SIZE, validator=_page_size)
     retry: RetryPolicy | None = None
-    timeout: float = 30.0
+    timeout: float = attrs.field(default=30.0, converter=float)
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     resources: tuple[str, ...] = attrs.field(default=RESOURCES, converter=_names)
