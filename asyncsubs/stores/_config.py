@@ -1,17 +1,13 @@
-"""``stores.toml`` (and dlt's store tables): the stores a door pulls, read and checked before
-any request.
+"""``stores.toml`` (and dlt's store tables): the stores a door pulls, checked before any request.
 
-The file's shape is a few attrs classes, the tables: ``[defaults]`` a ``StoreOptions``, each
-``[stores.<id>]`` a ``StoreTable``, ``limits`` a ``LimitsTable``. The package's cattrs converter
-structures them, each key through its field's check, every unknown key a problem; each problem's
-key path is read from the notes cattrs puts on it (``_problems``). A key with a problem is left
-out and the rest checked, so a user fixes a file in one pass. Then each store as a whole: its
-base URL, version and token by ``asyncsubs.settings`` (the client's own checks), its limits by
-``Limits``, its secrets from the environment variables it names (never echoed) and, to listen,
-its ``WebhookConfig``, stores sharing a webhook secret bound by ``resolve_store_binding``.
-
-``ConfigFileError`` says each problem once, in the file's order, as a ``ConfigError`` whose key
-is the key as written in the file (``stores.acme.limits.heavy.orders``).
+The file's tables are attrs classes (``[defaults]`` a ``StoreOptions``, ``[stores.<id>]`` a
+``StoreTable``, ``limits`` a ``LimitsTable``) that the package's cattrs converter structures,
+each key through its field's check, every unknown key a problem, each problem's key path read
+from cattrs' notes (``_problems``). A key with a problem is left out and the rest checked, so a
+user fixes a file in one pass. Then each store as a whole (``_StoreReader``): base URL, version
+and token by the client's own checks, limits by ``Limits``, secrets from the environment
+variables named (never echoed) and, to listen, its ``WebhookConfig``. ``ConfigFileError`` says
+each problem once, in the file's order, by its key as written (``stores.a.limits.heavy.orders``).
 """
 
 from __future__ import annotations
@@ -56,33 +52,8 @@ _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _INCREMENTAL: Final = '{ param = "...", field = "..." }'
 _REQUIRED: Final = ("base_url", "token_env")
-#: Keys that are a ``Store``'s attributes of the same name.
-_STORE_KEYS: Final = (
-    "resources",
-    "page_size",
-    "timeout",
-    "version",
-    "allow_insecure",
-    "webhook_secret_env",
-    "redis",
-    "redis_fallback",
-)
 #: Keys that belong to each store, never to ``[defaults]``.
 _PER_STORE: Final = (*_REQUIRED, "webhook_store_id")
-#: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
-#: the variables ``webhook_secret_env`` and ``webhook_previous_secrets_env`` name).
-_WEBHOOK_SETTINGS: Final = (
-    "scheme",
-    "encoding",
-    "algorithm",
-    "signature_header",
-    "signature_prefix",
-    "timestamp_header",
-    "id_header",
-    "timestamp_tolerance",
-    "store_key",
-    "store_id",
-)
 #: A secret every scheme reads (base64 after ``whsec_``), to check settings without the secret.
 _PROBE_SECRET: Final = "whsec_AAAA"
 #: Keys whose attribute has another name (``global`` is a Python keyword).
@@ -102,7 +73,7 @@ class ConfigFileError(ConfigError):
 
 
 def _at(path: Sequence[str] | Path | str, problem: object) -> ConfigError:
-    """``problem`` (a message, or an exception: a ConfigError's problem) of the key at ``path``."""
+    """``problem`` (a message or an exception) of the key at ``path``."""
     text = problem.problem if isinstance(problem, ConfigError) else str(problem)
     key = _key_path(path) if isinstance(path, tuple | list) else str(path)
     return ConfigError(text, key=key)
@@ -115,9 +86,8 @@ def _key_path(path: Sequence[str]) -> str:
 
 def _given(table: Any) -> dict[str, Any]:
     """A table's keys that are set."""
-    if table is None:
-        return {}
-    return {k: v for k, v in attrs.asdict(table, recurse=False).items() if v is not None}
+    fields = {} if table is None else attrs.asdict(table, recurse=False)
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 # -- each key's check: the value it holds, or ValueError (ConfigError) saying what is wrong ---
@@ -182,12 +152,9 @@ def _env_names(value: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _resources(value: object) -> tuple[str, ...]:
-    if (
-        not isinstance(value, list | tuple)
-        or not value
-        or not all(isinstance(v, str) for v in value)
-    ):
+def _resources(value: Any) -> tuple[str, ...]:
+    names = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    if not names or not value:
         raise ConfigError(f"must be a non-empty list of names ({', '.join(RESOURCES)})")
     unknown = [v for v in value if v not in RESOURCES]
     if unknown:
@@ -222,8 +189,7 @@ def _store_id(value: Any) -> str:
 
 
 def _webhook_setting(setting: str, **context: Any) -> Callable[[Any], Any]:
-    """A ``webhook_<setting>`` key checked by ``WebhookConfig`` itself (with ``context``, the
-    other settings it needs)."""
+    """A ``webhook_<setting>`` key checked by ``WebhookConfig`` (``context``: what it needs)."""
 
     def check(value: Any) -> Any:
         WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
@@ -270,10 +236,6 @@ def _table(what: str) -> Callable[[type[T]], type[T]]:
     return register
 
 
-def _table_of(cls: type[Any]) -> Callable[[Any], Any]:
-    return lambda value: converter.structure(value, cls)
-
-
 def _per_resource(check: Callable[[Any], Any], what: str) -> Callable[[Any], dict[str, Any]]:
     """A table of a value per resource, each by ``check``, as a dict."""
     fields = {resource: _key(check) for resource in RESOURCES}
@@ -306,7 +268,9 @@ class StoreOptions:
     timeout: float | None = _key(_seconds)
     version: str | None = _key(check_version)
     allow_insecure: bool | None = _key(_boolean)
-    limits: LimitsTable | None = _key(_table_of(LimitsTable))  # noqa: RUF009 - an attrs.field
+    limits: LimitsTable | None = _key(  # noqa: RUF009 - an attrs.field
+        lambda v: converter.structure(v, LimitsTable)
+    )
     incremental: Mapping[str, Incremental] | None = _key(
         _per_resource(_incremental, f"resource = {_INCREMENTAL}")
     )
@@ -344,6 +308,18 @@ class SecretStoreTable(StoreTable):
 
 
 converter.register_structure_hook(Incremental, _incremental)
+#: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
+#: the variables ``webhook_secret_env`` and ``webhook_previous_secrets_env`` name).
+_WEBHOOK_SETTINGS: Final = [
+    key.removeprefix("webhook_")
+    for key in attrs.fields_dict(StoreTable)
+    if key.startswith("webhook_") and not key.endswith("_env")
+]
+#: Keys that set the ``Store`` attribute of their name as they are.
+_AS_IS: Final = {*attrs.fields_dict(StoreOptions)} & {*attrs.fields_dict(Store)} - {
+    "limits",
+    "incremental",
+}
 
 
 # -- problems --------------------------------------------------------------------------------
@@ -450,7 +426,7 @@ class _StoreReader:
             }
 
     def check(self, key: str, test: Callable[[], T]) -> T | None:
-        """What ``test`` returns, or None with its problem said of ``key``."""
+        """What ``test`` returns, or None, its problem said of ``key``."""
         try:
             return test()
         except ConfigError as exc:
@@ -459,8 +435,8 @@ class _StoreReader:
             return None
 
     def store(self, listen: str | None) -> Store | None:
-        """The store; None when anything about it is wrong. ``listen``: what the caller calls
-        listening (None: not listening, and the webhook secrets are not read)."""
+        """The store, or None. ``listen``: what the caller calls listening (None: not
+        listening, and the webhook secrets are not read)."""
         before, own, values = len(self.problems), self.own, self.values
         for key in ("base_url", "token") if isinstance(own, SecretStoreTable) else _REQUIRED:
             if key not in self.table:
@@ -492,20 +468,20 @@ class _StoreReader:
             token_env=own.token_env or "",
             limits=limits,
             retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
-            incremental=incremental,
             webhook=webhook,
-            **{key: values[key] for key in _STORE_KEYS if key in values},
+            **{key: values[key] for key in _AS_IS if key in values},
+            incremental=incremental,
         )
 
     def webhook(self, listen: str) -> WebhookConfig | None:
-        """The store's webhook receiver from its ``webhook_*`` keys, its secrets read from the
-        variables they name; None when anything about it is wrong."""
+        """The store's webhook receiver from its ``webhook_*`` keys, or None."""
         values = self.values
         scheme = values.get("webhook_scheme", "hmac")
 
         def secret(key: str, name: str) -> str | None:
-            check = lambda s: WebhookConfig(s, scheme=scheme)  # noqa: E731 - a Standard Webhooks secret must decode
-            return self.check(key, lambda: _from_env(name, self.env, check))
+            # Read as the scheme reads it: a Standard Webhooks secret must decode.
+            read = lambda s: WebhookConfig(s, scheme=scheme)  # noqa: E731
+            return self.check(key, lambda: _from_env(name, self.env, read))
 
         current = None
         if "webhook_secret_env" in values:
@@ -536,9 +512,8 @@ class _StoreReader:
 def _bind(
     configs: list[Store], others: Mapping[str, WebhookConfig], problems: list[ConfigError]
 ) -> list[Store]:
-    """``configs`` with their webhook binding said by ``resolve_store_binding``, from the secrets
-    of every store of the file (``others``: those ``only_stores`` left out); stores that share a
-    secret without distinct ``webhook_store_id`` values are one problem naming the keys."""
+    """``configs`` bound by ``resolve_store_binding`` over every store of the file (``others``:
+    those ``only_stores`` left out): stores sharing a secret need distinct webhook_store_id."""
     webhooks = {c.store: c.webhook for c in configs if c.webhook is not None}
     keys = {key for webhook in webhooks.values() for key in webhook.keys}
     # Only those sharing a secret with a selected store: the others' problem is not this run's.
