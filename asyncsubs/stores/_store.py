@@ -1,10 +1,9 @@
 """What a store is: ``Store``, one frozen class for every door, and the values it is made of.
 
-A store is named (``name``: its identity everywhere, for pacing, learned limits, logs and rows),
-reached at ``base_url`` with ``token``, paced by ``limits``, pulled ``page_size`` records a
-request, its ``resources`` each with an optional ``Incremental`` filter. Its checks are the
-attributes' validators; a ``stores.toml`` (``_file``) or dlt's config makes one as keyword
-arguments do.
+A store is named (``name``: its identity for pacing, learned limits, logs and rows), reached at
+``base_url`` with ``token``, paced by ``limits``, its ``resources`` each with an optional
+``Incremental`` filter. Its checks are its attributes' validators; ``_config`` makes one from a
+``stores.toml`` or dlt's config as keyword arguments do.
 """
 
 from __future__ import annotations
@@ -35,11 +34,9 @@ __all__ = [
 #: The interface's list endpoints.
 RESOURCES: Final = ("subscriptions", "customers", "orders")
 #: Records per request unless configured: the largest page the server serves, learned while
-#: pulling (the interface names no maximum). The heavy list pools allow a few requests a second,
-#: so records per request is what makes a pull fast.
+#: pulling. The heavy list pools allow a few requests a second: page size makes a pull fast.
 DEFAULT_PAGE_SIZE: Final = "max"
-#: Stores pulled at once by one process: each holds a few connections, and hundreds at once
-#: would exhaust file descriptors.
+#: Stores pulled at once by one process: each holds a few connections.
 DEFAULT_MAX_STORES: Final = 32
 
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
@@ -48,11 +45,10 @@ _RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 
 
 def parse_rate(value: object) -> Rate:
     """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
-    (naming no internal field) otherwise. ``Rate`` checks the numbers."""
+    (naming no internal field) otherwise."""
     if isinstance(value, Rate):
         return value
-    n: object
-    per: object = 1.0
+    n, per = value, 1.0
     if isinstance(value, str):
         match = _RATE_RE.match(value)
         if match is None:
@@ -63,8 +59,6 @@ def parse_rate(value: object) -> Rate:
         if set(value) != {"n", "per"}:
             raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
         n, per = value["n"], value["per"]
-    else:
-        n = value
     try:
         return Rate(n, per=per)  # type: ignore[arg-type]
     except ConfigError:  # Rate's own checks, said in the file's terms
@@ -74,8 +68,8 @@ def parse_rate(value: object) -> Rate:
 
 
 def check_redis_url(url: object, *, where: str) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
-    it may hold a password)."""
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError never echoing it (it
+    may hold a password)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
     return url
@@ -86,8 +80,7 @@ def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_
     caller allows it (``insecure_hint``: a parameter or a config key)."""
     hint = f"{insecure_hint} on a trusted network"
     versioned_base(url, version, allow_insecure=allow_insecure, insecure_hint=hint)  # type: ignore[arg-type]
-    assert isinstance(url, str)
-    return url
+    return url  # type: ignore[return-value]
 
 
 def _nonblank(what: str) -> Any:
@@ -114,10 +107,6 @@ class Incremental:
 LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
 
 
-def _names(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
-
-
 def _page_size(_: Any, __: Any, size: Any) -> None:
     if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ConfigError(f"page_size must be an int >= 1 or 'max', got {size!r}")
@@ -126,6 +115,10 @@ def _page_size(_: Any, __: Any, size: Any) -> None:
 def _redis(_: Any, __: Any, url: Any) -> None:
     if url is not None:
         check_redis_url(url, where="redis")
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -146,7 +139,7 @@ class Store:
     limits: Limits | None = None
     page_size: int | Literal["max"] = attrs.field(default=DEFAULT_PAGE_SIZE, validator=_page_size)
     retry: RetryPolicy | None = None
-    timeout: float = attrs.field(default=30.0, converter=float)
+    timeout: float = 30.0
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     resources: tuple[str, ...] = attrs.field(default=RESOURCES, converter=_names)
