@@ -1,10 +1,9 @@
 """One unit, a ``(store, resource)``, pulled page by page: the one pull loop of every door.
 
-``Unit.pages`` lists the resource through the store's client; the door consumes each page
-(``pull`` writes it to a file, ``sync`` commits it to its sink, the dlt source yields it as
-rows) and says so (``committed``). The unit counts the resource's rate-limit pool from its
-start and tells the door's observer what happens (``_events``): started, pages committed, what
-the pool learned, retries, notes, and how it ended.
+``Unit.pages`` lists the resource through the store's client; the door takes each page (``pull``
+writes it to a file, ``sync`` commits it to its sink, the dlt source yields rows) and says so
+(``committed``). The unit counts its rate-limit pool from its start and tells the door's
+observer what happens (``_events``).
 """
 
 from __future__ import annotations
