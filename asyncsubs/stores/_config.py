@@ -415,6 +415,7 @@ class _StoreReader:
         table_class: type[StoreTable] = StoreTable,
     ) -> None:
         self.where, self.table, self.env, self.problems = ("stores", store_id), table, env, problems
+        self.before = len(problems)
         self.own = own = _structure(table_class, table, self.where, problems)
         self.values = {**_given(defaults), **_given(own)}
         # Limits merge key by key, their heavy pools path by path (those not given discover).
@@ -437,7 +438,7 @@ class _StoreReader:
     def store(self, listen: str | None) -> Store | None:
         """The store, or None. ``listen``: what the caller calls listening (None: not
         listening, and the webhook secrets are not read)."""
-        before, own, values = len(self.problems), self.own, self.values
+        own, values = self.own, self.values
         for key in ("base_url", "token") if isinstance(own, SecretStoreTable) else _REQUIRED:
             if key not in self.table:
                 self.problems.append(_at(self.where, f"{key} is required"))
@@ -456,7 +457,7 @@ class _StoreReader:
         limits = None  # none given: every pool the store's client has discovers its rate
         if "limits" in values:
             limits = self.check("limits", lambda: Limits(**values["limits"], discover=True))
-        if len(self.problems) > before:
+        if len(self.problems) > self.before:
             return None
         incremental = values.get("incremental", {})
         if listen:  # reconciliation pulls are incremental: every resource needs a filter
@@ -540,15 +541,12 @@ def load_config(
     listen: bool = False,
     names: Mapping[str, str] = {},
 ) -> list[Store]:
-    """Read and check ``path``; ConfigFileError listing every problem, one line each, named
-    by its key (``stores.acme.limits.heavy.orders``).
+    """The stores of ``path``, or ConfigFileError listing every problem by its key.
 
-    ``resources`` replaces each store's list; ``only_stores`` selects stores by id.
-    ``listen``: each store's webhook secret must be set, its ``webhook`` is made from its
-    ``webhook_*`` keys with the store binding resolved over every store of the file, and
-    resources without ``incremental`` get ``LISTEN_INCREMENTAL``. ``names``: how the caller
-    names these parameters in messages (the command line: by its flags), by parameter name.
-    """
+    ``resources`` replaces each store's list; ``only_stores`` selects stores by id. ``listen``:
+    each store's ``webhook`` is made from its ``webhook_*`` keys (its secret must be set), the
+    binding resolved over every store of the file, and resources without ``incremental`` get
+    ``LISTEN_INCREMENTAL``. ``names``: how the caller names these parameters in messages."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -618,7 +616,7 @@ def _load(
             at = names.get("only_stores", "only_stores")
             problems.append(_at(at, f"no store {store_id!r} in {path}"))
 
-    configs = []
+    configs: list[Store] = []
     others: dict[str, WebhookConfig] = {}
     for store_id, table in stores.items():
         where = ("stores", store_id)
@@ -635,12 +633,11 @@ def _load(
         elif not store_id.strip():
             problems.append(_at(where, "a store id must not be blank"))
         else:
-            before = len(problems)
             reader = _StoreReader(store_id, table, defaults, env, problems, table_class)
             config = reader.store(listen_as)
-            if config is not None and len(problems) == before:
-                if override_resources is not None:
-                    config = attrs.evolve(config, resources=override_resources)
+            if config is not None and override_resources is not None:
+                config = attrs.evolve(config, resources=override_resources)
+            if config is not None:
                 configs.append(config)
     if listen:
         configs = _bind(configs, others, problems)
