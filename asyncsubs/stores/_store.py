@@ -36,7 +36,7 @@ RESOURCES: Final = ("subscriptions", "customers", "orders")
 #: Records per request unless configured: the largest page the server serves, learned while
 #: pulling. The heavy list pools allow a few requests a second: page size makes a pull fast.
 DEFAULT_PAGE_SIZE: Final = "max"
-#: Stores pulled at once by one process: each holds a few connections.
+#: Stores pulled at once by one process: each holds a few connections (file descriptors).
 DEFAULT_MAX_STORES: Final = 32
 
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
@@ -80,7 +80,8 @@ def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_
     caller allows it (``insecure_hint``: a parameter or a config key)."""
     hint = f"{insecure_hint} on a trusted network"
     versioned_base(url, version, allow_insecure=allow_insecure, insecure_hint=hint)  # type: ignore[arg-type]
-    return url  # type: ignore[return-value]
+    assert isinstance(url, str)
+    return url
 
 
 def _nonblank(what: str) -> Any:
