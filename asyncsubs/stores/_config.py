@@ -39,6 +39,8 @@ from ._store import (
     Incremental,
     Store,
     check_base_url,
+    check_nonblank,
+    check_page_size,
     check_redis_url,
     parse_rate,
 )
@@ -111,10 +113,6 @@ def _number(value: Any) -> bool:
 
 
 _whole_number = _test(_whole, "must be a whole number >= 1, got {value!r}")
-_page_size = _test(
-    lambda v: v == "max" or _whole(v),
-    'must be a whole number >= 1 or "max" (the largest page, learned), got {value!r}',
-)
 _seconds = _test(
     lambda v: _number(v) and 0 < v < float("inf"), "must be a number of seconds > 0, got {value!r}"
 )
@@ -126,9 +124,6 @@ _share = _test(
 )
 _boolean = _test(lambda v: isinstance(v, bool), "must be true or false, got {value!r}")
 _url = _test(lambda v: isinstance(v, str) and bool(v.strip()), "must be a URL")
-_nonblank = _test(
-    lambda v: isinstance(v, str) and bool(v.strip()), "must be a non-empty string, got {value!r}"
-)
 _server_limits = _test(
     lambda v: v in ("lower", "follow", "ignore"),
     "must be one of lower, follow, ignore, got {value!r}",
@@ -263,7 +258,7 @@ class StoreOptions:
     """What ``[defaults]`` may set, and each store over it."""
 
     resources: tuple[str, ...] | None = _key(_resources)
-    page_size: int | Literal["max"] | None = _key(_page_size)
+    page_size: int | Literal["max"] | None = _key(check_page_size)
     max_attempts: int | None = _key(_whole_number)
     timeout: float | None = _key(_seconds)
     version: str | None = _key(check_version)
@@ -284,8 +279,8 @@ class StoreOptions:
     webhook_timestamp_header: str | None = _key(_webhook_setting("timestamp_header"))
     webhook_id_header: str | None = _key(_webhook_setting("id_header", scheme="standard-webhooks"))
     webhook_timestamp_tolerance: float | None = _key(_seconds)
-    webhook_store_key: str | None = _key(_nonblank)
-    redis: str | None = _key(lambda v: check_redis_url(v, where="redis"))
+    webhook_store_key: str | None = _key(check_nonblank)
+    redis: str | None = _key(check_redis_url)
     redis_fallback: float | None = _key(_share)
 
 

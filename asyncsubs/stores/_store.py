@@ -9,7 +9,7 @@ A store is named (``name``: its identity for pacing, learned limits, logs and ro
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
 import attrs
@@ -27,6 +27,8 @@ __all__ = [
     "LISTEN_INCREMENTAL",
     "Store",
     "check_base_url",
+    "check_nonblank",
+    "check_page_size",
     "check_redis_url",
     "parse_rate",
 ]
@@ -67,7 +69,7 @@ def parse_rate(value: object) -> Rate:
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
 
 
-def check_redis_url(url: object, *, where: str) -> str:
+def check_redis_url(url: object, *, where: str = "redis") -> str:
     """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError never echoing it (it
     may hold a password)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
@@ -84,12 +86,24 @@ def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_
     return url
 
 
-def _nonblank(what: str) -> Any:
-    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+def check_nonblank(value: Any, what: str = "value") -> str:
+    """``value``, a non-empty string, or ConfigError (``what``: what it is)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"must be a non-empty string, got {value!r}", key=what, sep=" ")
+    return value
 
-    return check
+
+def check_page_size(size: Any) -> int | Literal["max"]:
+    """``size``, records per request: ``"max"`` (the largest page, learned) or an int >= 1."""
+    if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        problem = f'must be a whole number >= 1 or "max" (the largest page, learned), got {size!r}'
+        raise ConfigError(problem, key="page_size", sep=" ")
+    return size  # type: ignore[no-any-return]
+
+
+def _validates(check: Callable[..., object], *what: str) -> Any:
+    """``check`` as an attrs validator."""
+    return lambda _, __, value: check(value, *what)
 
 
 @attrs.frozen
@@ -98,24 +112,14 @@ class Incremental:
     value of record field ``field`` (the interface names none; the fake server's is
     ``updatedAtMin`` on ``updatedAt``): a store's ``incremental.<resource>``."""
 
-    param: str = attrs.field(validator=_nonblank("incremental param"))
-    field: str = attrs.field(validator=_nonblank("incremental field"))
+    param: str = attrs.field(validator=_validates(check_nonblank, "incremental param"))
+    field: str = attrs.field(validator=_validates(check_nonblank, "incremental field"))
 
 
 #: The filter a sync that listens to webhooks reconciles with where a resource configures
 #: none: the fake server's name (the interface does not name one; configure
 #: ``incremental.<resource>``).
 LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
-
-
-def _page_size(_: Any, __: Any, size: Any) -> None:
-    if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"page_size must be an int >= 1 or 'max', got {size!r}")
-
-
-def _redis(_: Any, __: Any, url: Any) -> None:
-    if url is not None:
-        check_redis_url(url, where="redis")
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
@@ -134,18 +138,22 @@ class Store:
     process pacing through it. ``webhook``: its webhook receiver, when a sync listens.
     """
 
-    name: str = attrs.field(validator=_nonblank("a store's name"))
+    name: str = attrs.field(validator=_validates(check_nonblank, "a store's name"))
     base_url: str
     token: str = attrs.field(repr=False)
     limits: Limits | None = None
-    page_size: int | Literal["max"] = attrs.field(default=DEFAULT_PAGE_SIZE, validator=_page_size)
+    page_size: int | Literal["max"] = attrs.field(
+        default=DEFAULT_PAGE_SIZE, validator=_validates(check_page_size)
+    )
     retry: RetryPolicy | None = None
     timeout: float = 30.0
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     resources: tuple[str, ...] = attrs.field(default=RESOURCES, converter=_names)
     incremental: Mapping[str, Incremental] = attrs.field(factory=dict)
-    redis: str | None = attrs.field(default=None, repr=False, validator=_redis)
+    redis: str | None = attrs.field(
+        default=None, repr=False, validator=attrs.validators.optional(_validates(check_redis_url))
+    )
     #: While that Redis fails, pace in this process alone at this fraction of each rate
     #: (``RedisLimiter``'s ``fallback_fraction``); None: requests fail.
     redis_fallback: float | None = None
