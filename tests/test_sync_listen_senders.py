@@ -363,8 +363,8 @@ def test_webhook_keys_are_checked_one_line_per_problem(tmp_path: Path) -> None:
         "defaults.webhook_signatur_prefix: unknown key (did you mean 'webhook_signature_prefix'?)",
         "stores.acme.webhook_store_id: must be the value the service sends for this store (a "
         "string or an integer), got True",
-        "stores.globex: the timestamped scheme reads its timestamp from t= in "
-        "webhook_signature_header; webhook_timestamp_header is for the hmac scheme",
+        "stores.globex: webhook_timestamp_header is for the hmac scheme; the timestamped scheme "
+        "reads its timestamp from t= in the signature header",
         "stores.initech.webhook_secret_env: I: a Standard Webhooks secret is the base64 text the "
         "service shows, usually prefixed whsec_; this one does not decode",
     )

@@ -4,7 +4,7 @@
 - ``_config``: a ``stores.toml`` (or dlt's tables) read and checked into ``Store``s;
 - ``_learned``: ``LearnedStore``, where what a store's pools learned is kept between runs;
 - ``_clients``: ``StoreClients``, the one place that makes a store's ``AdminClient``;
-- ``_units``: ``pull_unit``, one ``(store, resource)`` pulled page by page, with its events.
+- ``_units``: ``Unit``, one ``(store, resource)`` pulled page by page; ``_events``, what it tells.
 
 A door adds only what is its own: ``pull`` its file and checkpoint, ``sync`` its sinks,
 scheduler, leases and listener, the dlt source its rows, hints and state.

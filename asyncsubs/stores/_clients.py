@@ -1,9 +1,8 @@
 """Opening a store's client: the one place that makes an ``AdminClient`` for the doors.
 
-``StoreClients`` belongs to one run of a door: it makes each store's client with the door's user
-agent, paced through the Redis limiter the store names (one per URL, closed with the run), and
-starting from what the store's pools learned in earlier runs (a ``LearnedStore``, by the store's
-name); ``keep`` saves what they learned since.
+``StoreClients`` belongs to one run of a door: each store's client has the door's user agent,
+paces through the Redis limiter the store names (one per URL, closed with the run) and starts
+from what its pools learned in earlier runs (a ``LearnedStore``); ``keep`` saves what they learn.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ log = logging.getLogger("asyncsubs.stores")
 
 
 def _limits(store: Store, list_paths: Sequence[str]) -> Limits:
-    """The store's limits, every path of ``list_paths`` a heavy pool: discovered unless the
-    store's limits are given (then a path they do not name is paced at 1/s, rather than drawing
-    on the global pool)."""
+    """The store's limits, each of ``list_paths`` a heavy pool: discovered unless the store's
+    limits are given (then a path they do not name is paced at 1/s, not on the global pool)."""
     if store.limits is None:
         return Limits(discover=True, heavy=dict.fromkeys(list_paths, Rate.discover()))
     missing = [path for path in list_paths if path not in store.limits.heavy]
@@ -42,12 +40,9 @@ def _limits(store: Store, list_paths: Sequence[str]) -> Limits:
 
 
 class StoreClients:
-    """The clients of one run of a door.
-
-    ``learned``: where stores' learned limits are kept (None: nowhere); ``user_agent``: the
-    door's; ``list_paths``: the list endpoints it pulls (each a heavy pool); ``redis``: a Redis
-    URL for the stores that name none; ``note``: what to do with a line worth telling (learned
-    limits that could not be used)."""
+    """The clients of one run of a door. ``learned``: where learned limits are kept (None:
+    nowhere); ``list_paths``: the list endpoints the door pulls (each a heavy pool); ``redis``:
+    a Redis URL for the stores that name none; ``note``: says learned limits not used."""
 
     def __init__(
         self,
@@ -73,8 +68,8 @@ class StoreClients:
         on_retry: Callable[[RetryEvent], object] | None = None,
         telemetry: bool = True,
     ) -> AdminClient:
-        """``store``'s client, starting from what its pools ``learned`` before (ConfigError
-        for settings the client refuses, before any request)."""
+        """``store``'s client, starting from what its pools ``learned`` (ConfigError for
+        settings the client refuses)."""
         url = store.redis or self.redis
         settings: dict[str, Any] = {
             "token": store.token,
@@ -113,8 +108,8 @@ class StoreClients:
             await self.learned.save_learned(client.store, learned)
 
     def _limiter(self, url: str, fallback: float | None) -> RedisLimiter:
-        # One limiter per Redis and fallback share: stores with different shares differ only
-        # while that Redis fails.
+        # One per Redis and fallback share: stores with different shares differ only while
+        # that Redis fails.
         key = url if fallback is None else f"{url}#{fallback}"
         if key not in self.limiters:
             try:

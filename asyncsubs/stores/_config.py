@@ -1,22 +1,13 @@
-"""``stores.toml`` (and dlt's store tables), the stores a door pulls, read and checked before
-any request.
+"""``stores.toml`` (and dlt's store tables): the stores a door pulls, checked before any request.
 
-The file's shape is a few attrs classes: ``[defaults]`` and each ``[stores.<id>]`` are a
-``StoreOptions`` (a store adds ``base_url`` and ``token_env``), ``limits`` a ``LimitsTable``.
-The package's cattrs converter structures them, every unknown key a problem, each key's value
-checked by its attribute's validator; a key with a problem is left out and the rest checked, so
-a user fixes a file in one pass. Then each store is checked as a whole: its base URL, version
-and token by ``asyncsubs.settings`` (the client's own checks), its limits by ``Limits``, its
-secrets by the environment variables it names (never echoed). To listen, each store's
-``webhook_*`` keys make its ``WebhookConfig``, and ``resolve_store_binding`` refuses stores that
-share a webhook secret without a way to tell their deliveries apart.
-
-``load_config(path, env)`` returns one ``Store`` per store or raises ``ConfigFileError``,
-whose ``errors`` say each problem once, in the file's order, with the key as written in the
-file (``stores.acme.limits.heavy.orders``); ``stores_from_tables`` reads dlt's tables alike.
-The walk over cattrs' errors (``_walk``) keeps each key path as keys, not as the string
-``transform_error`` makes of it: problems are sorted by where their keys are in the file, and
-the keys that hold one are left out to check the rest.
+The file's tables are attrs classes (``[defaults]`` a ``StoreOptions``, ``[stores.<id>]`` a
+``StoreTable``, ``limits`` a ``LimitsTable``) that the package's cattrs converter structures,
+each key through its field's check, every unknown key a problem, each problem's key path read
+from cattrs' notes (``_problems``). A key with a problem is left out and the rest checked, so a
+user fixes a file in one pass. Then each store as a whole (``_StoreReader``): base URL, version
+and token by the client's own checks, limits by ``Limits``, secrets from the environment
+variables named (never echoed) and, to listen, its ``WebhookConfig``. ``ConfigFileError`` says
+each problem once, in the file's order, by its key as written (``stores.a.limits.heavy.orders``).
 """
 
 from __future__ import annotations
@@ -26,10 +17,15 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import attrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+)
 from cattrs.gen import make_dict_structure_fn, override
 
 from .. import Limits, Rate, RetryPolicy
@@ -38,17 +34,20 @@ from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, check_token, check_version
 from ..webhooks import WebhookConfig, resolve_store_binding
 from ._store import (
-    DEFAULT_PAGE_SIZE,
     LISTEN_INCREMENTAL,
     RESOURCES,
     Incremental,
     Store,
     check_base_url,
+    check_nonblank,
+    check_page_size,
     check_redis_url,
     parse_rate,
 )
 
 __all__ = ["ConfigFileError", "incremental_filters", "load_config", "stores_from_tables"]
+
+T = TypeVar("T")
 
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -57,22 +56,10 @@ _INCREMENTAL: Final = '{ param = "...", field = "..." }'
 _REQUIRED: Final = ("base_url", "token_env")
 #: Keys that belong to each store, never to ``[defaults]``.
 _PER_STORE: Final = (*_REQUIRED, "webhook_store_id")
-#: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
-#: the variables ``webhook_secret_env`` and ``webhook_previous_secrets_env`` name).
-_WEBHOOK_SETTINGS: Final = (
-    "scheme",
-    "encoding",
-    "algorithm",
-    "signature_header",
-    "signature_prefix",
-    "timestamp_header",
-    "id_header",
-    "timestamp_tolerance",
-    "store_key",
-    "store_id",
-)
-#: A secret every scheme reads (base64 after ``whsec_``), to check one setting on its own.
+#: A secret every scheme reads (base64 after ``whsec_``), to check settings without the secret.
 _PROBE_SECRET: Final = "whsec_AAAA"
+#: Keys whose attribute has another name (``global`` is a Python keyword).
+_RENAMED: Final = {"global_rate": "global"}
 
 
 class ConfigFileError(ConfigError):
@@ -88,18 +75,81 @@ class ConfigFileError(ConfigError):
 
 
 def _at(path: Sequence[str] | Path | str, problem: object) -> ConfigError:
-    """``problem`` (a message, or a ConfigError: its problem) of the key at ``path``."""
+    """``problem`` (a message or an exception) of the key at ``path``."""
     text = problem.problem if isinstance(problem, ConfigError) else str(problem)
     key = _key_path(path) if isinstance(path, tuple | list) else str(path)
     return ConfigError(text, key=key)
 
 
-def _resources(value: object) -> tuple[str, ...]:
-    if (
-        not isinstance(value, list | tuple)
-        or not value
-        or not all(isinstance(v, str) for v in value)
+def _key_path(path: Sequence[str]) -> str:
+    """A key path as written in the file: ``stores."c d".limits``."""
+    return ".".join(key if _BARE_KEY_RE.match(key) else f'"{key}"' for key in path)
+
+
+def _given(table: Any) -> dict[str, Any]:
+    """A table's keys that are set."""
+    fields = {} if table is None else attrs.asdict(table, recurse=False)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+# -- each key's check: the value it holds, or ValueError (ConfigError) saying what is wrong ---
+
+
+def _test(test: Callable[[Any], bool], problem: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise ValueError(problem.format(value=value))
+        return value
+
+    return check
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_whole_number = _test(_whole, "must be a whole number >= 1, got {value!r}")
+_seconds = _test(
+    lambda v: _number(v) and 0 < v < float("inf"), "must be a number of seconds > 0, got {value!r}"
+)
+_fraction = _test(
+    lambda v: _number(v) and 0 <= v < 1, "must be a fraction in [0, 1), e.g. 0.02, got {value!r}"
+)
+_share = _test(
+    lambda v: _number(v) and 0 < v <= 1, "must be a fraction in (0, 1], e.g. 0.25, got {value!r}"
+)
+_boolean = _test(lambda v: isinstance(v, bool), "must be true or false, got {value!r}")
+_url = _test(lambda v: isinstance(v, str) and bool(v.strip()), "must be a URL")
+_server_limits = _test(
+    lambda v: v in ("lower", "follow", "ignore"),
+    "must be one of lower, follow, ignore, got {value!r}",
+)
+_env_name = _test(
+    lambda v: isinstance(v, str) and bool(_ENV_RE.match(v)),
+    "must be the NAME of an environment variable, like ACME_TOKEN (what it holds is not "
+    "shown: it may be the secret itself)",
+)
+
+
+def _env_names(value: Any) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value  # one name, or a list of them
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and _ENV_RE.match(n) for n in names
     ):
+        raise ValueError(
+            'must be a list of NAMEs of environment variables, like ["ACME_WEBHOOK_SECRET_OLD"] '
+            "(what it holds is not shown: it may be a secret itself)"
+        )
+    return tuple(names)
+
+
+def _resources(value: Any) -> tuple[str, ...]:
+    names = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    if not names or not value:
         raise ConfigError(f"must be a non-empty list of names ({', '.join(RESOURCES)})")
     unknown = [v for v in value if v not in RESOURCES]
     if unknown:
@@ -109,81 +159,16 @@ def _resources(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _problem(test: Callable[[Any], bool], message: str) -> Callable[[Any, Any, Any], None]:
-    """An attrs validator: ValueError(``message``, ``{value!r}`` filled in) unless ``test``."""
-
-    def validate(_: Any, __: Any, value: Any) -> None:
-        if not test(value):
-            raise ValueError(message.format(value=value))
-
-    return validate
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-_whole_number = _problem(
-    lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-    "must be a whole number >= 1, got {value!r}",
-)
-_page_size = _problem(
-    lambda v: v == "max" or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-    'must be a whole number >= 1 or "max" (the largest page, learned), got {value!r}',
-)
-_seconds = _problem(
-    lambda v: _number(v) and 0 < v < float("inf"), "must be a number of seconds > 0, got {value!r}"
-)
-_fraction = _problem(
-    lambda v: _number(v) and 0 <= v < 1, "must be a fraction in [0, 1), e.g. 0.02, got {value!r}"
-)
-_boolean = _problem(lambda v: isinstance(v, bool), "must be true or false, got {value!r}")
-_share = _problem(
-    lambda v: _number(v) and 0 < v <= 1, "must be a fraction in (0, 1], e.g. 0.25, got {value!r}"
-)
-_url = _problem(lambda v: isinstance(v, str) and bool(v.strip()), "must be a URL")
-_env_name = _problem(
-    lambda v: isinstance(v, str) and bool(_ENV_RE.match(v)),
-    "must be the NAME of an environment variable, like ACME_TOKEN (what it holds is not "
-    "shown: it may be the secret itself)",
-)
-_env_names = _problem(
-    lambda v: isinstance(v, tuple) and all(isinstance(n, str) and _ENV_RE.match(n) for n in v),
-    'must be a list of NAMEs of environment variables, like ["ACME_WEBHOOK_SECRET_OLD"] (what '
-    "it holds is not shown: it may be a secret itself)",
-)
-_nonblank = _problem(
-    lambda v: isinstance(v, str) and bool(v.strip()), "must be a non-empty string, got {value!r}"
-)
-_server_limits = _problem(
-    lambda v: v in ("lower", "follow", "ignore"),
-    "must be one of lower, follow, ignore, got {value!r}",
-)
-
-
-def _checked(check: Callable[[Any], Any]) -> Callable[[Any, Any, Any], None]:
-    """A check that raises ConfigError (a ValueError), as an attrs validator."""
-    return lambda _, __, value: check(value)
-
-
-def _webhook_setting(setting: str, **context: Any) -> Callable[[Any, Any, Any], None]:
-    """A ``webhook_<setting>`` key checked by ``WebhookConfig`` itself (with ``context``, the
-    other settings it needs), its message said of the key."""
-
-    def check(value: Any) -> None:
-        try:
-            WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
-        except ConfigError as exc:
-            raise ConfigError(exc.problem) from None
-
-    return _checked(check)
-
-
-def _list_of_names(value: Any) -> Any:
-    # One name or a list of them; what is neither is left to the validator.
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value) if isinstance(value, list) else value
+def _incremental(value: Any, _: Any = None) -> Incremental:
+    if isinstance(value, Incremental):
+        return value
+    if (
+        not isinstance(value, Mapping)
+        or set(value) != {"param", "field"}
+        or not all(isinstance(v, str) and v for v in value.values())
+    ):
+        raise ConfigError(f"must be {_INCREMENTAL}")
+    return Incremental(param=value["param"], field=value["field"])
 
 
 def _store_id(value: Any) -> str:
@@ -198,67 +183,94 @@ def _store_id(value: Any) -> str:
     return value
 
 
-def _key(
-    validator: Callable[[Any, Any, Any], None] | None = None,
-    *,
-    parse: Callable[[Any], Any] | None = None,
-) -> Any:
-    """An optional key of a table: None when absent; ``parse`` makes the value, ``validator``
-    checks it (each raising ValueError, or ConfigError, with the problem)."""
-    return attrs.field(
-        default=None,
-        validator=attrs.validators.optional(validator) if validator else None,
-        metadata={"parse": parse},
-    )
+def _webhook_setting(setting: str, **context: Any) -> Callable[[Any], Any]:
+    """A ``webhook_<setting>`` key checked by ``WebhookConfig`` (``context``: what it needs)."""
+
+    def check(value: Any) -> Any:
+        WebhookConfig(_PROBE_SECRET, **context, **{setting: value})
+        return value
+
+    return check
+
+
+def _key(check: Callable[[Any], Any]) -> Any:
+    """An optional key of a table: None when absent, else ``check(value)``."""
+    return attrs.field(default=None, metadata={"check": check})
 
 
 # -- the file's shape ------------------------------------------------------------------------
 
 
+def _table(what: str) -> Callable[[type[T]], type[T]]:
+    """Structure the class, a table of ``what``, with the package's converter: keys named as
+    its attributes, every other key a problem, each value through its key's check."""
+
+    def hook(check: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+        return lambda value, _: check(value)
+
+    def register(cls: type[T]) -> type[T]:
+        overrides = {
+            a.name: override(struct_hook=hook(a.metadata["check"]), rename=_RENAMED.get(a.name))
+            for a in attrs.fields(cls)  # type: ignore[arg-type]
+        }
+        fields = make_dict_structure_fn(
+            cls,
+            converter,
+            _cattrs_forbid_extra_keys=True,
+            **overrides,  # type: ignore[arg-type]
+        )
+
+        def structure(value: Any, _: Any) -> T:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"must be a table of {what}, got {value!r}")
+            return fields(value, cls)
+
+        converter.register_structure_hook(cls, structure)
+        return cls
+
+    return register
+
+
+def _per_resource(check: Callable[[Any], Any], what: str) -> Callable[[Any], dict[str, Any]]:
+    """A table of a value per resource, each by ``check``, as a dict."""
+    fields = {resource: _key(check) for resource in RESOURCES}
+    cls: type[Any] = attrs.make_class("ResourceTable", fields, frozen=True, kw_only=True)
+    _table(what)(cls)
+    return lambda value: _given(converter.structure(value, cls))
+
+
+@_table("global, heavy, max_in_flight, max_margin, safety_margin, server_limits")
 @attrs.frozen(kw_only=True)
 class LimitsTable:
     """``limits``: the store's budget (``Limits``), pool by pool; ``global`` is ``global_rate``."""
 
-    global_rate: Rate | None = _key(parse=parse_rate)  # noqa: RUF009 - an attrs.field
-    heavy: Mapping[str, Rate] | None = _key(parse=lambda v: _table_of(v, _heavy, "resource = rate"))
+    global_rate: Rate | None = _key(parse_rate)  # noqa: RUF009 - an attrs.field
+    heavy: Mapping[str, Rate] | None = _key(_per_resource(parse_rate, "resource = rate"))
     max_in_flight: int | None = _key(_whole_number)
     safety_margin: float | None = _key(_fraction)
     max_margin: float | None = _key(_fraction)
     server_limits: str | None = _key(_server_limits)
 
 
-def _heavy(resource: str, value: Any) -> Rate:
-    return parse_rate(value)
-
-
-def _incremental(resource: str, value: Any) -> Incremental:
-    if isinstance(value, Incremental):
-        return value
-    if (
-        not isinstance(value, Mapping)
-        or set(value) != {"param", "field"}
-        or not all(isinstance(v, str) and v for v in value.values())
-    ):
-        raise ConfigError(f"must be {_INCREMENTAL}")
-    return Incremental(param=value["param"], field=value["field"])
-
-
+@_table("keys shared by every store")
 @attrs.frozen(kw_only=True)
 class StoreOptions:
     """What ``[defaults]`` may set, and each store over it."""
 
-    resources: tuple[str, ...] | None = _key(parse=_resources)
-    page_size: int | Literal["max"] | None = _key(_page_size)
+    resources: tuple[str, ...] | None = _key(_resources)
+    page_size: int | Literal["max"] | None = _key(check_page_size)
     max_attempts: int | None = _key(_whole_number)
     timeout: float | None = _key(_seconds)
-    version: str | None = _key(_checked(check_version))
+    version: str | None = _key(check_version)
     allow_insecure: bool | None = _key(_boolean)
-    limits: LimitsTable | None = _key(parse=lambda v: converter.structure(v, LimitsTable))  # noqa: RUF009
+    limits: LimitsTable | None = _key(  # noqa: RUF009 - an attrs.field
+        lambda v: converter.structure(v, LimitsTable)
+    )
     incremental: Mapping[str, Incremental] | None = _key(
-        parse=lambda v: _table_of(v, _incremental, f"resource = {_INCREMENTAL}")
+        _per_resource(_incremental, f"resource = {_INCREMENTAL}")
     )
     webhook_secret_env: str | None = _key(_env_name)
-    webhook_previous_secrets_env: tuple[str, ...] | None = _key(_env_names, parse=_list_of_names)
+    webhook_previous_secrets_env: tuple[str, ...] | None = _key(_env_names)
     webhook_scheme: str | None = _key(_webhook_setting("scheme"))
     webhook_encoding: str | None = _key(_webhook_setting("encoding"))
     webhook_algorithm: str | None = _key(_webhook_setting("algorithm"))
@@ -267,112 +279,45 @@ class StoreOptions:
     webhook_timestamp_header: str | None = _key(_webhook_setting("timestamp_header"))
     webhook_id_header: str | None = _key(_webhook_setting("id_header", scheme="standard-webhooks"))
     webhook_timestamp_tolerance: float | None = _key(_seconds)
-    webhook_store_key: str | None = _key(_nonblank)
-    redis: str | None = _key(_checked(lambda v: check_redis_url(v, where="redis")))
+    webhook_store_key: str | None = _key(check_nonblank)
+    redis: str | None = _key(check_redis_url)
     redis_fallback: float | None = _key(_share)
 
 
+@_table("keys of the store")
 @attrs.frozen(kw_only=True)
 class StoreTable(StoreOptions):
     """One ``[stores.<id>]`` table: the options, and the store's own address and token."""
 
     base_url: str | None = _key(_url)
     token_env: str | None = _key(_env_name)
-    webhook_store_id: str | None = _key(parse=_store_id)
+    webhook_store_id: str | None = _key(_store_id)
 
 
+@_table("keys of the store")
 @attrs.frozen(kw_only=True)
 class SecretStoreTable(StoreTable):
     """A store's table in dlt's config and secrets: the token itself, not its variable."""
 
-    token: str | None = _key(_checked(check_token))
+    token: str | None = _key(check_token)
 
 
-class _TableProblems(Exception):
-    """Problems of a table's keys, ``(key, problem)``, each walked in turn (``_walk``)."""
-
-    def __init__(self, problems: Sequence[tuple[str, BaseException]]) -> None:
-        super().__init__(problems)
-        self.problems = problems
-
-
-def _table_of(
-    value: Any, item: Callable[[str, Any], Any], what: str, *, any_path: bool = False
-) -> dict[str, Any]:
-    """A table of resource = ``item(resource, value)``; every problem by its key. The keys are
-    the interface's resources, or (``any_path``) any list path."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"must be a table of {what}, got {value!r}")
-    result, problems = {}, []
-    for resource, spec in value.items():
-        try:
-            if resource not in RESOURCES and not any_path:
-                raise ForbiddenExtraKeysError(None, dict, {resource})
-            result[resource] = item(resource, spec)
-        except (ConfigError, ForbiddenExtraKeysError) as exc:
-            problems.append((resource, exc))
-    if problems:
-        raise _TableProblems(problems)
-    return result
-
-
-_TABLES: Final = {
-    LimitsTable: "global, heavy, max_in_flight, max_margin, safety_margin, server_limits",
-    StoreOptions: "keys shared by every store",
-    StoreTable: "keys of the store",
-    SecretStoreTable: "keys of the store",
+converter.register_structure_hook(Incremental, _incremental)
+#: The ``WebhookConfig`` settings a ``webhook_<setting>`` key gives (the secrets are read from
+#: the variables ``webhook_secret_env`` and ``webhook_previous_secrets_env`` name).
+_WEBHOOK_SETTINGS: Final = [
+    key.removeprefix("webhook_")
+    for key in attrs.fields_dict(StoreTable)
+    if key.startswith("webhook_") and not key.endswith("_env")
+]
+#: Keys that set the ``Store`` attribute of their name as they are.
+_AS_IS: Final = {*attrs.fields_dict(StoreOptions)} & {*attrs.fields_dict(Store)} - {
+    "limits",
+    "incremental",
 }
-#: Keys whose attribute has another name.
-_RENAMED: Final = {"global_rate": "global"}
-
-
-def _register(cls: type[Any], what: str) -> None:
-    """Structure ``cls`` with the package's converter: keys named as its attributes, every
-    other key a problem, each value through its attribute's ``parse`` and validator."""
-
-    def hook(a: attrs.Attribute[Any]) -> Callable[[Any, Any], Any]:
-        parse = a.metadata.get("parse")
-
-        def structure(value: Any, _: Any) -> Any:
-            if parse is not None:
-                value = parse(value)
-            if a.validator is not None:
-                a.validator(None, a, value)
-            return value
-
-        return structure
-
-    overrides = {
-        a.name: override(struct_hook=hook(a), rename=_RENAMED.get(a.name))
-        for a in attrs.fields(cls)
-    }
-    fields = make_dict_structure_fn(
-        cls,
-        converter,
-        _cattrs_forbid_extra_keys=True,
-        **overrides,  # type: ignore[arg-type]
-    )
-
-    def structure(value: Any, _: Any) -> Any:
-        if not isinstance(value, Mapping):
-            raise ValueError(f"must be a table of {what}, got {value!r}")
-        return fields(value, cls)
-
-    converter.register_structure_hook(cls, structure)
-
-
-_register(LimitsTable, _TABLES[LimitsTable])
-_register(StoreOptions, _TABLES[StoreOptions])
-_register(StoreTable, _TABLES[StoreTable])
-_register(SecretStoreTable, _TABLES[SecretStoreTable])
 
 
 # -- problems --------------------------------------------------------------------------------
-
-
-def _key_path(path: Sequence[str]) -> str:
-    """A key path as written in the file: ``stores."c d".limits``."""
-    return ".".join(key if _BARE_KEY_RE.match(key) else f'"{key}"' for key in path)
 
 
 def _unknown(key: str, known: Iterable[str], where: Sequence[str]) -> str:
@@ -382,27 +327,25 @@ def _unknown(key: str, known: Iterable[str], where: Sequence[str]) -> str:
     return "unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-def _walk(exc: BaseException, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
-    """Every problem in ``exc`` (what structuring raised) as (key path, message)."""
-    if isinstance(exc, _TableProblems):
-        for key, inner in exc.problems:  # an unknown key names itself
-            yield from _walk(
-                inner, path if isinstance(inner, ForbiddenExtraKeysError) else (*path, key)
-            )
-    elif isinstance(exc, ClassValidationError):
-        with_key, without = exc.group_exceptions()
-        for inner, note in with_key:
-            yield from _walk(inner, (*path, _RENAMED.get(note.name, note.name)))
+def _problems(exc: BaseException, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every problem in what structuring raised, as (key path, problem): the walk of cattrs'
+    ``transform_error``, the path kept as keys (each note names an attribute or a table's key)."""
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        with_notes, without = exc.group_exceptions()
+        for inner, note in with_notes:
+            if isinstance(note, AttributeValidationNote):
+                key = _RENAMED.get(note.name, note.name)
+            else:
+                key = str(note.index)
+            yield from _problems(inner, (*path, key))
         for inner in without:
-            yield from _walk(inner, path)
+            yield from _problems(inner, path)
     elif isinstance(exc, ForbiddenExtraKeysError):
-        known = (
-            RESOURCES if exc.cl is dict else [_RENAMED.get(n, n) for n in attrs.fields_dict(exc.cl)]
-        )
+        known = [_RENAMED.get(name, name) for name in attrs.fields_dict(exc.cl)]
         for key in exc.extra_fields:
             yield (*path, key), _unknown(key, known, path)
     else:
-        yield path, str(exc)
+        yield path, exc.problem if isinstance(exc, ConfigError) else str(exc)
 
 
 def _in_file_order(data: Any, path: tuple[str, ...]) -> tuple[int, ...]:
@@ -416,14 +359,14 @@ def _in_file_order(data: Any, path: tuple[str, ...]) -> tuple[int, ...]:
 
 
 def _structure(
-    cls: type[Any], table: Mapping[str, Any], path: tuple[str, ...], problems: list[ConfigError]
-) -> Any:
+    cls: type[T], table: Mapping[str, Any], path: tuple[str, ...], problems: list[ConfigError]
+) -> T:
     """``table`` as ``cls``, its problems reported, the keys that hold them left out."""
     try:
         return converter.structure(table, cls)
     except (ClassValidationError, ValueError) as exc:
-        found = sorted(_walk(exc, path), key=lambda p: _in_file_order(table, p[0][len(path) :]))
-    problems.extend(_at(where, message) for where, message in found)
+        found = sorted(_problems(exc, path), key=lambda p: _in_file_order(table, p[0][len(path) :]))
+    problems.extend(_at(where, problem) for where, problem in found)
     bad = {where[len(path)] for where, _ in found if len(where) > len(path)}
     try:
         return converter.structure({k: v for k, v in table.items() if k not in bad}, cls)
@@ -435,225 +378,153 @@ def _structure(
 
 
 def _shown_env(name: str) -> str:
-    """An environment variable's name as a message shows it: an upper-case name as it is, any
-    other (a token pasted where its variable's name goes) not at all."""
+    """A variable's name as a message shows it: not at all unless in upper case (it may be a
+    token pasted where its variable's name goes)."""
     return name if _SHOWN_ENV_RE.fullmatch(name) else "(a name not in upper case, not shown)"
 
 
-def _from_env(name: str, env: Mapping[str, str]) -> str:
+def _from_env(name: str, env: Mapping[str, str], check: Callable[[str], object]) -> str:
+    """The secret in variable ``name``, ``check``ed; ConfigError naming the variable, never
+    the secret."""
     if not env.get(name):
         state = "is empty" if name in env else "is not set"
         raise ConfigError(f"environment variable {_shown_env(name)} {state}")
+    try:
+        check(env[name])
+    except ConfigError as exc:
+        raise ConfigError(f"{_shown_env(name)}: {exc}") from None
     return env[name]
 
 
-def _merged(defaults: StoreOptions, own: StoreTable) -> dict[str, Any]:
-    """The store's options: its own keys over ``[defaults]``; limits key by key."""
-    values = {k: v for k, v in attrs.asdict(defaults, recurse=False).items() if v is not None}
-    values.update({k: v for k, v in attrs.asdict(own, recurse=False).items() if v is not None})
-    tables = [t for t in (defaults.limits, own.limits) if t is not None]
-    limits = {
-        k: v for t in tables for k, v in attrs.asdict(t, recurse=False).items() if v is not None
-    }
-    # Heavy pools merge path by path; the default ones not given a rate discover theirs.
-    limits["heavy"] = {k: v for t in tables for k, v in (t.heavy or {}).items()}
-    values["limits"] = limits
-    return values
+class _StoreReader:
+    """One ``[stores.<id>]`` table over ``[defaults]``, checked as a whole, each problem said
+    of the key the user has to change: the store's own, or the default it took."""
 
+    def __init__(
+        self,
+        store_id: str,
+        table: Mapping[str, Any],
+        defaults: StoreOptions,
+        env: Mapping[str, str],
+        problems: list[ConfigError],
+        table_class: type[StoreTable] = StoreTable,
+    ) -> None:
+        self.where, self.table, self.env, self.problems = ("stores", store_id), table, env, problems
+        self.before = len(problems)
+        self.own = own = _structure(table_class, table, self.where, problems)
+        self.values = {**_given(defaults), **_given(own)}
+        # Limits merge key by key, their heavy pools path by path (those not given discover).
+        limits = [_given(t) for t in (defaults.limits, own.limits) if t is not None]
+        if limits:
+            self.values["limits"] = {k: v for t in limits for k, v in t.items()}
+            self.values["limits"]["heavy"] = {
+                k: v for t in limits for k, v in t.get("heavy", {}).items()
+            }
 
-def _reporter(
-    where: tuple[str, ...], own: StoreTable, problems: list[ConfigError]
-) -> Callable[[str, Callable[[], Any]], Any]:
-    """``check(key, test)``: what ``test`` returns, or None with its ConfigError reported under
-    ``key`` where its value came from: the store's own key, or the default's."""
-
-    def check(key: str, test: Callable[[], Any]) -> Any:
+    def check(self, key: str, test: Callable[[], T]) -> T | None:
+        """What ``test`` returns, or None, its problem said of ``key``."""
         try:
             return test()
         except ConfigError as exc:
-            at = (*where, key) if getattr(own, key, None) is not None else ("defaults", key)
-            problems.append(_at(at, exc))
+            own = getattr(self.own, key, None) is not None
+            self.problems.append(_at((*self.where, key) if own else ("defaults", key), exc))
             return None
 
-    return check
-
-
-def _store(
-    store_id: str,
-    table: Mapping[str, Any],
-    own: StoreTable,
-    defaults: StoreOptions,
-    env: Mapping[str, str],
-    problems: list[ConfigError],
-    *,
-    listen: str | None,
-) -> Store | None:
-    """One store's config from its own keys over ``defaults``; None when anything about it is
-    wrong (each problem reported under the key the user has to change)."""
-    where = ("stores", store_id)
-    before = len(problems)
-    values = _merged(defaults, own)
-    check = _reporter(where, own, problems)
-
-    secret = isinstance(own, SecretStoreTable)
-    for key in ("base_url", "token") if secret else _REQUIRED:
-        if key not in table:
-            problems.append(_at(where, f"{key} is required"))
-    version = values.get("version", DEFAULT_VERSION)
-    allow_insecure = values.get("allow_insecure", False)
-    if own.base_url is not None:
-        url = own.base_url
-        hint = "allow_insecure = true"
-        check("base_url", lambda: check_base_url(url, version, allow_insecure, insecure_hint=hint))
-    token = own.token or "" if isinstance(own, SecretStoreTable) else ""
-    if own.token_env is not None:
-        name = own.token_env
-        token = check("token_env", lambda: _token(_from_env(name, env), name)) or ""
-    # Read only to listen: a plain sync of the same config must not need a secret.
-    webhook = _webhook(where, table, values, env, problems, check, listen) if listen else None
-    limits = None  # none given: every pool the store's client has discovers its rate
-    try:
-        if own.limits is not None or defaults.limits is not None:
-            limits = Limits(**values["limits"], discover=True)
-    except ConfigError as exc:
-        problems.append(_at((*where, "limits"), exc))
-    if len(problems) > before:
-        return None
-    incremental = dict(values.get("incremental", {}))
-    if listen:  # reconciliation pulls are incremental: every resource needs a filter
-        incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
-    return Store(
-        name=store_id,
-        base_url=own.base_url or "",
-        token=token,
-        token_env=own.token_env or "",
-        resources=values.get("resources", RESOURCES),
-        page_size=values.get("page_size", DEFAULT_PAGE_SIZE),
-        limits=limits,
-        retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
-        timeout=float(values.get("timeout", 30.0)),
-        version=version,
-        allow_insecure=allow_insecure,
-        incremental=incremental,
-        webhook=webhook,
-        webhook_secret_env=values.get("webhook_secret_env", ""),
-        redis=values.get("redis"),
-        redis_fallback=values.get("redis_fallback"),
-    )
-
-
-def _webhook(
-    where: tuple[str, ...],
-    table: Mapping[str, Any],
-    values: Mapping[str, Any],
-    env: Mapping[str, str],
-    problems: list[ConfigError],
-    check: Callable[[str, Callable[[], Any]], Any],
-    listen: str,
-) -> WebhookConfig | None:
-    """The store's webhook receiver from its ``webhook_*`` keys over ``[defaults]``, its secrets
-    read from the variables they name; None when anything about it is wrong (reported).
-    ``listen``: what the caller calls listening, for the message of a missing secret."""
-    scheme = values.get("webhook_scheme", "hmac")
-
-    def secret(key: str, name: str) -> str | None:
-        value: str | None = check(key, lambda: _webhook_secret(name, env, scheme))
-        return value
-
-    secret_env = values.get("webhook_secret_env")
-    if secret_env is None and "webhook_secret_env" not in table:  # else reported as invalid
-        problems.append(
-            _at(
-                where,
-                f"webhook_secret_env is required with {listen} (the name of the environment "
-                "variable holding the store's webhook secret)",
+    def store(self, listen: str | None) -> Store | None:
+        """The store, or None. ``listen``: what the caller calls listening (None: not
+        listening, and the webhook secrets are not read)."""
+        own, values = self.own, self.values
+        for key in ("base_url", "token") if isinstance(own, SecretStoreTable) else _REQUIRED:
+            if key not in self.table:
+                self.problems.append(_at(self.where, f"{key} is required"))
+        version = values.get("version", DEFAULT_VERSION)
+        insecure = values.get("allow_insecure", False)
+        if own.base_url is not None:
+            url, hint = own.base_url, "allow_insecure = true"
+            self.check(
+                "base_url", lambda: check_base_url(url, version, insecure, insecure_hint=hint)
             )
+        token = getattr(own, "token", None) or ""
+        if own.token_env is not None:
+            name = own.token_env
+            token = self.check("token_env", lambda: _from_env(name, self.env, check_token)) or ""
+        webhook = self.webhook(listen) if listen else None
+        limits = None  # none given: every pool the store's client has discovers its rate
+        if "limits" in values:
+            limits = self.check("limits", lambda: Limits(**values["limits"], discover=True))
+        if len(self.problems) > self.before:
+            return None
+        incremental = values.get("incremental", {})
+        if listen:  # reconciliation pulls are incremental: every resource needs a filter
+            incremental = {r: incremental.get(r, LISTEN_INCREMENTAL) for r in RESOURCES}
+        return Store(
+            name=self.where[1],
+            base_url=own.base_url or "",
+            token=token,
+            token_env=own.token_env or "",
+            limits=limits,
+            retry=RetryPolicy(max_attempts=values.get("max_attempts", 6)),
+            webhook=webhook,
+            **{key: values[key] for key in _AS_IS if key in values},
+            incremental=incremental,
         )
-    secrets = [None if secret_env is None else secret("webhook_secret_env", secret_env)]
-    for name in values.get("webhook_previous_secrets_env", ()):
-        secrets.append(secret("webhook_previous_secrets_env", name))
-    current, *previous = secrets
-    read = current is not None and None not in previous
-    settings = {
-        name: values[f"webhook_{name}"] for name in _WEBHOOK_SETTINGS if f"webhook_{name}" in values
-    }
-    try:
-        # Without its secrets, the settings are still checked together.
-        config = WebhookConfig(current if read else _PROBE_SECRET, **settings)
-    except ConfigError as exc:  # settings that do not go together
-        own = any(f"webhook_{name}" in table for name in _WEBHOOK_SETTINGS)
-        problems.append(_at(where if own else ("defaults",), _in_keys(str(exc))))
-        return None
-    return attrs.evolve(config, previous_secrets=previous) if read else None
 
+    def webhook(self, listen: str) -> WebhookConfig | None:
+        """The store's webhook receiver from its ``webhook_*`` keys, or None."""
+        values = self.values
+        scheme = values.get("webhook_scheme", "hmac")
 
-def _webhook_secret(name: str, env: Mapping[str, str], scheme: Any) -> str:
-    """The secret in variable ``name``, as ``scheme`` reads it (a Standard Webhooks secret must
-    decode), or ConfigError naming the variable, never the secret."""
-    secret = _from_env(name, env)
-    try:
-        WebhookConfig(secret, scheme=scheme)
-    except ConfigError as exc:
-        raise ConfigError(f"{_shown_env(name)}: {exc}") from None
-    return secret
+        def secret(key: str, name: str) -> str | None:
+            # Read as the scheme reads it: a Standard Webhooks secret must decode.
+            read = lambda s: WebhookConfig(s, scheme=scheme)  # noqa: E731
+            return self.check(key, lambda: _from_env(name, self.env, read))
 
-
-def _webhook_key(setting: str) -> str:
-    """The stores.toml key of a ``WebhookConfig`` setting."""
-    return "webhook_previous_secrets_env" if setting == "previous_secrets" else f"webhook_{setting}"
-
-
-_SETTING_RE: Final = re.compile(
-    r"\b(previous_secrets|" + "|".join(name for name in _WEBHOOK_SETTINGS if "_" in name) + r")\b"
-)
-
-
-def _in_keys(message: str) -> str:
-    """A ``WebhookConfig`` message with its settings named as stores.toml keys."""
-    return _SETTING_RE.sub(lambda m: _webhook_key(m[1]), message)
-
-
-def _unselected_webhook(
-    store_id: str, table: Mapping[str, Any], defaults: StoreOptions, env: Mapping[str, str]
-) -> WebhookConfig | None:
-    """The webhook receiver of a store ``only_stores`` left out, for the binding only: a secret it
-    shares with a selected store would let its deliveries be replayed to that store's URL. Its
-    problems are not this run's: None when it has any."""
-    scratch: list[ConfigError] = []
-    where = ("stores", store_id)
-    own = _structure(StoreTable, table, where, scratch)
-    check = _reporter(where, own, scratch)
-    webhook = _webhook(where, table, _merged(defaults, own), env, scratch, check, "")
-    return None if scratch else webhook
+        current = None
+        if "webhook_secret_env" in values:
+            current = secret("webhook_secret_env", values["webhook_secret_env"])
+        elif "webhook_secret_env" not in self.table:  # else said to be invalid
+            problem = (
+                f"webhook_secret_env is required with {listen} (the name of the environment "
+                "variable holding the store's webhook secret)"
+            )
+            self.problems.append(_at(self.where, problem))
+        names = values.get("webhook_previous_secrets_env", ())
+        previous = [secret("webhook_previous_secrets_env", name) for name in names]
+        settings = {
+            s: values[f"webhook_{s}"] for s in _WEBHOOK_SETTINGS if f"webhook_{s}" in values
+        }
+        try:
+            if current is None or None in previous:  # the settings are still checked together
+                WebhookConfig(_PROBE_SECRET, **settings)
+                return None
+            return WebhookConfig(current, previous_secrets=previous, **settings)
+        except ConfigError as exc:  # settings that do not go together: said of the store's own
+            own = any(f"webhook_{s}" in self.table for s in _WEBHOOK_SETTINGS)
+            problem = exc.problem if exc.key is None else f"webhook_{exc.key} {exc.problem}"
+            self.problems.append(_at(self.where if own else ("defaults",), problem))
+            return None
 
 
 def _bind(
     configs: list[Store], others: Mapping[str, WebhookConfig], problems: list[ConfigError]
 ) -> list[Store]:
-    """``configs`` with their webhook binding said by ``resolve_store_binding``, from the secrets
-    of every store of the file (``others``: those ``only_stores`` left out); stores that share a
-    secret without distinct ``webhook_store_id`` values are one problem naming the keys."""
+    """``configs`` bound by ``resolve_store_binding`` over every store of the file (``others``:
+    those ``only_stores`` left out): stores sharing a secret need distinct webhook_store_id."""
     webhooks = {c.store: c.webhook for c in configs if c.webhook is not None}
     keys = {key for webhook in webhooks.values() for key in webhook.keys}
     # Only those sharing a secret with a selected store: the others' problem is not this run's.
     webhooks.update({s: w for s, w in others.items() if keys & set(w.keys)})
-
-    def key(store: str, setting: str) -> str:
-        return _key_path(("stores", store, _webhook_key(setting)))
-
     try:
-        bound = resolve_store_binding(webhooks, name=key)
+        bound = resolve_store_binding(
+            webhooks, name=lambda store, setting: _key_path(("stores", store, f"webhook_{setting}"))
+        )
     except ConfigError as exc:
         problems.append(exc)
         return configs
     return [attrs.evolve(c, webhook=bound.get(c.store, c.webhook)) for c in configs]
 
 
-def _token(token: str, name: str) -> str:
-    try:
-        return check_token(token)
-    except ConfigError as exc:
-        raise ConfigError(f"{_shown_env(name)}: {exc}") from None
+# -- the entry points ------------------------------------------------------------------------
 
 
 def load_config(
@@ -665,21 +536,17 @@ def load_config(
     listen: bool = False,
     names: Mapping[str, str] = {},
 ) -> list[Store]:
-    """Read and check ``path``; ConfigFileError listing every problem, one line each, named
-    by its key (``stores.acme.limits.heavy.orders``).
+    """The stores of ``path``, or ConfigFileError listing every problem by its key.
 
-    ``resources`` replaces each store's list; ``only_stores`` selects stores by id.
-    ``listen``: each store's webhook secret must be set, its ``webhook`` is made from its
-    ``webhook_*`` keys with the store binding resolved over every store of the file, and
-    resources without ``incremental`` get ``LISTEN_INCREMENTAL``. ``names``: how the caller
-    names these parameters in messages (the command line: by its flags), by parameter name.
-    """
+    ``resources`` replaces each store's list; ``only_stores`` selects stores by id. ``listen``:
+    each store's ``webhook`` is made from its ``webhook_*`` keys (its secret must be set), the
+    binding resolved over every store of the file, and resources without ``incremental`` get
+    ``LISTEN_INCREMENTAL``. ``names``: how the caller names these parameters in messages."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigFileError(
-            [_at(path, f"cannot read the config file ({exc.strerror})")]
-        ) from None
+        problem = f"cannot read the config file ({exc.strerror})"
+        raise ConfigFileError([_at(path, problem)]) from None
     except UnicodeDecodeError:
         raise ConfigFileError([_at(path, "the config file is not UTF-8")]) from None
     except tomllib.TOMLDecodeError as exc:
@@ -694,11 +561,14 @@ def incremental_filters(value: object, key: str) -> dict[str, Incremental]:
     path (``key`` names the setting); ConfigFileError listing every problem otherwise."""
     if value is None:
         return {}
-    what = f"resource = {_INCREMENTAL}"
     try:
-        return _table_of(value, _incremental, what, any_path=True)
-    except (ConfigError, _TableProblems) as exc:
-        raise ConfigFileError([_at(at, problem) for at, problem in _walk(exc, (key,))]) from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be a table of resource = {_INCREMENTAL}, got {value!r}")
+        return converter.structure(value, dict[str, Incremental])
+    except (IterableValidationError, ValueError) as exc:
+        raise ConfigFileError(
+            [_at(at, problem) for at, problem in _problems(exc, (key,))]
+        ) from None
 
 
 def stores_from_tables(tables: object) -> list[Store]:
@@ -719,7 +589,6 @@ def _load(
     names: Mapping[str, str] = {},
     table_class: type[StoreTable] = StoreTable,
 ) -> list[Store]:
-
     listen_as = names.get("listen", "listen=True") if listen else None
     problems: list[ConfigError] = []
     for key in data:
@@ -739,31 +608,31 @@ def _load(
     wanted = None if only_stores is None else list(dict.fromkeys(only_stores))
     for store_id in wanted or ():
         if store_id not in stores:
-            problems.append(
-                _at(names.get("only_stores", "only_stores"), f"no store {store_id!r} in {path}")
-            )
+            at = names.get("only_stores", "only_stores")
+            problems.append(_at(at, f"no store {store_id!r} in {path}"))
 
-    configs = []
+    configs: list[Store] = []
     others: dict[str, WebhookConfig] = {}
     for store_id, table in stores.items():
-        if wanted is not None and store_id not in wanted:
-            if listen and isinstance(table, Mapping):
-                other = _unselected_webhook(store_id, table, defaults, env)
-                if other is not None:
-                    others[store_id] = other
-            continue
         where = ("stores", store_id)
-        if not isinstance(table, Mapping):
+        if wanted is not None and store_id not in wanted:
+            # For the binding only: a secret it shares with a selected store would let its
+            # deliveries be replayed to that store's URL. Its problems are not this run's.
+            if listen and isinstance(table, Mapping):
+                scratch: list[ConfigError] = []
+                other = _StoreReader(store_id, table, defaults, env, scratch).webhook("")
+                if other is not None and not scratch:
+                    others[store_id] = other
+        elif not isinstance(table, Mapping):
             problems.append(_at(where, "must be a table"))
         elif not store_id.strip():
             problems.append(_at(where, "a store id must not be blank"))
         else:
-            before = len(problems)
-            own = _structure(table_class, table, where, problems)
-            config = _store(store_id, table, own, defaults, env, problems, listen=listen_as)
-            if config is not None and len(problems) == before:
-                if override_resources is not None:
-                    config = attrs.evolve(config, resources=override_resources)
+            reader = _StoreReader(store_id, table, defaults, env, problems, table_class)
+            config = reader.store(listen_as)
+            if config is not None and override_resources is not None:
+                config = attrs.evolve(config, resources=override_resources)
+            if config is not None:
                 configs.append(config)
     if listen:
         configs = _bind(configs, others, problems)

@@ -1,17 +1,13 @@
 """What a door's run tells its observer (``pull``'s, ``sync``'s): typed events, each frozen.
 
-A unit is one ``(store, resource)``. Its events come in this order: ``UnitStarted``, then any
-number of ``PageCommitted``, ``Retrying`` and ``UnitNote``, then one of ``UnitDone``,
-``UnitFailed`` or ``UnitStopped``. ``stats`` are the unit's rate-limit pool as the client
-reports it (``asyncsubs.limiting.PoolStats``): its counters since the unit started, everything
-else (the pace in force and what set it) as it stands. ``RunStarted`` opens each round of
-every unit (``sync --listen`` runs one after another), ``Message`` is a line about the whole
-sync (``WorkerIdle`` one saying why a worker pulled nothing), ``WebhookCounts`` a store's
-webhook counters whenever they change, and ``WebhookRefused`` the first delivery of a store
-refused for each reason.
-
-An observer is any callable taking an event; it runs in the event loop, between the sync's
-own steps, so it must not block.
+A unit is one ``(store, resource)``: ``UnitStarted``, then any number of ``PageCommitted``,
+``PoolLearned``, ``Retrying`` and ``UnitNote``, then one of ``UnitDone``, ``UnitFailed`` or
+``UnitStopped``. ``stats`` are the unit's rate-limit pool (``asyncsubs.limiting.PoolStats``): its
+counters since the unit started, the pace in force as it stands. ``RunStarted`` opens each round
+(``sync --listen`` runs one after another); ``Message`` is a line about the whole sync,
+``WebhookCounts`` a store's webhook counters when they change, ``WebhookRefused`` the first
+delivery of a store refused for each reason. An observer is any callable taking an event; it
+runs in the event loop, between the sync's own steps, so it must not block.
 """
 
 from __future__ import annotations
@@ -46,95 +42,84 @@ __all__ = [
 
 
 @attrs.frozen
-class UnitStarted:
+class _UnitEvent:
+    store: str
+    resource: str
+
+
+@attrs.frozen
+class UnitStarted(_UnitEvent):
     """A unit's pull began; ``resumed``: it continues a run an earlier process left, which
     committed ``records_before`` records. ``allowed``: the pool's configured rate."""
 
-    store: str
-    resource: str
     resumed: bool
     records_before: int
     allowed: Rate
 
 
 @attrs.frozen
-class PageCommitted:
-    """A page of ``records`` records and the cursor after it are in the database."""
+class PageCommitted(_UnitEvent):
+    """A page of ``records`` records and the cursor after it are the door's now."""
 
-    store: str
-    resource: str
     records: int
     stats: PoolStats
 
 
 @attrs.frozen
-class PoolLearned:
-    """What the unit's pool knows of the server changed: the rate it paces at (``stats.rate``,
-    set by ``stats.rate_by``: a probe, a 429, an announcement or an earlier run) or the largest
-    page the server serves (``stats.page_size``). Told once per change."""
+class PoolLearned(_UnitEvent):
+    """What the unit's pool knows of the server changed, told once per change: the rate it
+    paces at (``stats.rate``, set by ``stats.rate_by``: a probe, a 429, an announcement or an
+    earlier run) or the largest page the server serves (``stats.page_size``)."""
 
-    store: str
-    resource: str
     stats: PoolStats
 
 
 def learned_changed(before: PoolStats | None, now: PoolStats) -> bool:
-    """Whether ``now`` tells something new about the server's limits since ``before``: a
-    rate found (not a fixed one) or a page size."""
+    """Whether ``now`` tells something new about the server's limits since ``before``: a rate
+    found (not a fixed one) or a page size."""
     if now.rate_by == "configured" and now.page_size is None:
         return False
     if before is None:
         return now.rate_by != "start" or now.page_size is not None
-    then = (before.rate, before.rate_by, before.page_size)
-    return then != (now.rate, now.rate_by, now.page_size)
+    return (before.rate, before.rate_by, before.page_size) != (now.rate, now.rate_by, now.page_size)
 
 
 @attrs.frozen
-class Retrying:
+class Retrying(_UnitEvent):
     """A request of the unit failed and is retried; ``error``: why, in one line."""
 
-    store: str
-    resource: str
     error: str
     stats: PoolStats
 
 
 @attrs.frozen
-class UnitNote:
+class UnitNote(_UnitEvent):
     """Something worth a line about the unit (a rejected cursor, a page size the server cut)."""
 
-    store: str
-    resource: str
     message: str
 
 
 @attrs.frozen
-class UnitDone:
+class UnitDone(_UnitEvent):
     """The unit's run finished; ``rows``: the store's rows in the resource's table."""
 
-    store: str
-    resource: str
     stats: PoolStats
     rows: int | None
 
 
 @attrs.frozen
-class UnitFailed:
+class UnitFailed(_UnitEvent):
     """The API or the transport refused the unit (``error``, one line); the others go on."""
 
-    store: str
-    resource: str
     error: str
     stats: PoolStats
     rows: int | None
 
 
 @attrs.frozen
-class UnitStopped:
+class UnitStopped(_UnitEvent):
     """The unit's run was stopped (Ctrl-C, SIGTERM, its lease lost) after what it committed."""
 
-    store: str
-    resource: str
     stats: PoolStats
     rows: int | None
 
@@ -176,11 +161,10 @@ class WebhookCounts:
 
 @attrs.frozen
 class WebhookRefused:
-    """The first delivery of ``store`` refused for ``reason`` (an ``asyncsubs.webhooks.Refusal``
-    value), answered ``status`` (401, 403 or 400): ``detail`` says what was wrong with it and
-    ``check`` what to check, naming the stores.toml keys. Later refusals of the store for the
-    same reason are only counted (``WebhookCounts``): a sender retrying a thousand deliveries
-    must not flood the output."""
+    """The first delivery of ``store`` refused for ``reason`` (a ``webhooks.Refusal`` value),
+    answered ``status`` (401, 403 or 400); ``detail``: what was wrong with it, ``check``: what
+    to check, naming the stores.toml keys. Later refusals of the store for the same reason are
+    only counted (``WebhookCounts``): a sender retrying a thousand must not flood the output."""
 
     store: str
     reason: str

@@ -1,13 +1,10 @@
 """Where what a store's pools learned (``AdminClient.export_learned()``) is kept between runs.
 
-``LearnedStore`` is the interface: what a store learned, by the store's name, loaded before its
-client is made and saved after a unit. The backends: ``LearnedFile`` (a file in the user's cache
-directory: ``pull``), ``LearnedState`` (a mapping: the dlt source's state), a sync's database (its
-sink, whose ``asyncsubs_learned`` table has the same two methods), and Redis, where a
-``RedisLimiter``'s pools share what they learn as they learn it, under the same name.
-
-Keyed by the name, not the address: a store reached at another address (a fake server on a new
-port, a proxy) is the same store.
+``LearnedStore``: loaded by the store's name before its client is made, saved after a unit.
+Its backends: ``LearnedFile`` (the cache directory: ``pull``), ``LearnedState`` (the dlt
+source's state) and a sync's sink (its ``asyncsubs_learned`` table). Redis needs none: a
+``RedisLimiter``'s pools share each learned record there as they learn it, under the same name.
+Keyed by the name, not the address: a fake server on a new port is the same store.
 """
 
 from __future__ import annotations
@@ -42,31 +39,23 @@ class LearnedState:
         self.state = state
 
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        found: Mapping[str, Any] | None = self.state.get(store)
-        return found
+        return self.state.get(store)
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
         self.state[store] = dict(learned)
 
 
 def _cache_dir() -> Path:
-    own = os.environ.get("ASYNCSUBS_CACHE_DIR")
-    if own:
-        return Path(own)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "asyncsubs"
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("ASYNCSUBS_CACHE_DIR") or xdg / "asyncsubs")
 
 
 class LearnedFile:
-    """One JSON file in the user's cache directory, ``$ASYNCSUBS_CACHE_DIR`` or
-    ``$XDG_CACHE_HOME/asyncsubs`` (``~/.cache/asyncsubs``), named ``learned.json``::
-
-        {"format": "asyncsubs.learned-file/1",
-         "stores": [<AdminClient.export_learned() of a store>, ...]}
-
-    one export per store. Saving a store's keeps the others. A file that cannot be read, or is
-    not this format, is ignored with one warning (``warn``) and replaced when saved. Deleting
-    it forgets everything; a learned value is probed again after a day anyway."""
+    """``learned.json`` in ``$ASYNCSUBS_CACHE_DIR``, or ``$XDG_CACHE_HOME/asyncsubs``
+    (``~/.cache/asyncsubs``): ``{"format": FILE_FORMAT, "stores": [<an export>, ...]}``, one
+    ``AdminClient.export_learned()`` per store. A file that cannot be read, or is not this
+    format, is ignored with one warning (``warn``) and replaced when saved; a learned value is
+    probed again after a day anyway."""
 
     def __init__(self, warn: Callable[[str], object], path: Path | None = None) -> None:
         self.path = _cache_dir() / "learned.json" if path is None else path
@@ -90,14 +79,11 @@ class LearnedFile:
         return []
 
     async def load_learned(self, store: str) -> Mapping[str, Any] | None:
-        for entry in self._entries(warn=True):
-            if entry.get("store") == store:
-                return entry
-        return None
+        return next((e for e in self._entries(warn=True) if e.get("store") == store), None)
 
     async def save_learned(self, store: str, learned: Mapping[str, Any]) -> None:
-        """Replace ``store``'s entry, atomically (a reader sees the old file or the new one).
-        A file that cannot be written costs only the memory, with a warning."""
+        """Replace ``store``'s entry, atomically; a file that cannot be written costs only the
+        memory, with a warning."""
         entries = [e for e in self._entries(warn=False) if e.get("store") != store]
         entries.append(learned)
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")

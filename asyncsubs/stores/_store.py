@@ -1,16 +1,15 @@
 """What a store is: ``Store``, one frozen class for every door, and the values it is made of.
 
-A store is named (``name``: its identity everywhere, for pacing, learned limits, logs and rows),
-reached at ``base_url`` with ``token``, paced by ``limits``, pulled ``page_size`` records a
-request, its ``resources`` each with an optional ``Incremental`` filter. Its checks are the
-attributes' validators; a ``stores.toml`` (``_file``) or dlt's config makes one as keyword
-arguments do.
+A store is named (``name``: its identity for pacing, learned limits, logs and rows), reached at
+``base_url`` with ``token``, paced by ``limits``, its ``resources`` each with an optional
+``Incremental`` filter. Its checks are its attributes' validators; ``_config`` makes one from a
+``stores.toml`` or dlt's config as keyword arguments do.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
 import attrs
@@ -28,6 +27,8 @@ __all__ = [
     "LISTEN_INCREMENTAL",
     "Store",
     "check_base_url",
+    "check_nonblank",
+    "check_page_size",
     "check_redis_url",
     "parse_rate",
 ]
@@ -35,11 +36,9 @@ __all__ = [
 #: The interface's list endpoints.
 RESOURCES: Final = ("subscriptions", "customers", "orders")
 #: Records per request unless configured: the largest page the server serves, learned while
-#: pulling (the interface names no maximum). The heavy list pools allow a few requests a second,
-#: so records per request is what makes a pull fast.
+#: pulling. The heavy list pools allow a few requests a second: page size makes a pull fast.
 DEFAULT_PAGE_SIZE: Final = "max"
-#: Stores pulled at once by one process: each holds a few connections, and hundreds at once
-#: would exhaust file descriptors.
+#: Stores pulled at once by one process: each holds a few connections (file descriptors).
 DEFAULT_MAX_STORES: Final = 32
 
 _RATE_RE: Final = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d*)?|\.\d+)?\s*s?\s*$")
@@ -48,11 +47,10 @@ _RATE_HINT: Final = 'a rate looks like "50/s", "2/3s", 50 (per second) or { n = 
 
 def parse_rate(value: object) -> Rate:
     """``"50/s"``, ``"2/3s"``, ``50`` (per second) or ``{n = 2, per = 3.0}``; ConfigError
-    (naming no internal field) otherwise. ``Rate`` checks the numbers."""
+    (naming no internal field) otherwise."""
     if isinstance(value, Rate):
         return value
-    n: object
-    per: object = 1.0
+    n, per = value, 1.0
     if isinstance(value, str):
         match = _RATE_RE.match(value)
         if match is None:
@@ -63,8 +61,6 @@ def parse_rate(value: object) -> Rate:
         if set(value) != {"n", "per"}:
             raise ConfigError(f"a rate table has exactly the keys n and per, got {sorted(value)}")
         n, per = value["n"], value["per"]
-    else:
-        n = value
     try:
         return Rate(n, per=per)  # type: ignore[arg-type]
     except ConfigError:  # Rate's own checks, said in the file's terms
@@ -73,9 +69,9 @@ def parse_rate(value: object) -> Rate:
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
 
 
-def check_redis_url(url: object, *, where: str) -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError (never echoing it:
-    it may hold a password)."""
+def check_redis_url(url: object, *, where: str = "redis") -> str:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError never echoing it (it
+    may hold a password)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
     return url
@@ -90,12 +86,24 @@ def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_
     return url
 
 
-def _nonblank(what: str) -> Any:
-    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+def check_nonblank(value: Any, what: str = "value") -> str:
+    """``value``, a non-empty string, or ConfigError (``what``: what it is)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"must be a non-empty string, got {value!r}", key=what, sep=" ")
+    return value
 
-    return check
+
+def check_page_size(size: Any) -> int | Literal["max"]:
+    """``size``, records per request: ``"max"`` (the largest page, learned) or an int >= 1."""
+    if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        problem = f'must be a whole number >= 1 or "max" (the largest page, learned), got {size!r}'
+        raise ConfigError(problem, key="page_size", sep=" ")
+    return size  # type: ignore[no-any-return]
+
+
+def _validates(check: Callable[..., object], *what: str) -> Any:
+    """``check`` as an attrs validator."""
+    return lambda _, __, value: check(value, *what)
 
 
 @attrs.frozen
@@ -104,8 +112,8 @@ class Incremental:
     value of record field ``field`` (the interface names none; the fake server's is
     ``updatedAtMin`` on ``updatedAt``): a store's ``incremental.<resource>``."""
 
-    param: str = attrs.field(validator=_nonblank("incremental param"))
-    field: str = attrs.field(validator=_nonblank("incremental field"))
+    param: str = attrs.field(validator=_validates(check_nonblank, "incremental param"))
+    field: str = attrs.field(validator=_validates(check_nonblank, "incremental field"))
 
 
 #: The filter a sync that listens to webhooks reconciles with where a resource configures
@@ -116,16 +124,6 @@ LISTEN_INCREMENTAL: Final = Incremental(param="updatedAtMin", field="updatedAt")
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
-
-
-def _page_size(_: Any, __: Any, size: Any) -> None:
-    if size != "max" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"page_size must be an int >= 1 or 'max', got {size!r}")
-
-
-def _redis(_: Any, __: Any, url: Any) -> None:
-    if url is not None:
-        check_redis_url(url, where="redis")
 
 
 @attrs.frozen
@@ -140,18 +138,22 @@ class Store:
     process pacing through it. ``webhook``: its webhook receiver, when a sync listens.
     """
 
-    name: str = attrs.field(validator=_nonblank("a store's name"))
+    name: str = attrs.field(validator=_validates(check_nonblank, "a store's name"))
     base_url: str
     token: str = attrs.field(repr=False)
     limits: Limits | None = None
-    page_size: int | Literal["max"] = attrs.field(default=DEFAULT_PAGE_SIZE, validator=_page_size)
+    page_size: int | Literal["max"] = attrs.field(
+        default=DEFAULT_PAGE_SIZE, validator=_validates(check_page_size)
+    )
     retry: RetryPolicy | None = None
     timeout: float = 30.0
     version: str = DEFAULT_VERSION
     allow_insecure: bool = False
     resources: tuple[str, ...] = attrs.field(default=RESOURCES, converter=_names)
     incremental: Mapping[str, Incremental] = attrs.field(factory=dict)
-    redis: str | None = attrs.field(default=None, repr=False, validator=_redis)
+    redis: str | None = attrs.field(
+        default=None, repr=False, validator=attrs.validators.optional(_validates(check_redis_url))
+    )
     #: While that Redis fails, pace in this process alone at this fraction of each rate
     #: (``RedisLimiter``'s ``fallback_fraction``); None: requests fail.
     redis_fallback: float | None = None

@@ -1,10 +1,9 @@
 """One unit, a ``(store, resource)``, pulled page by page: the one pull loop of every door.
 
-``Unit.pages`` lists the resource through the store's client; the door consumes each page
-(``pull`` writes it to a file, ``sync`` commits it to its sink, the dlt source yields it as
-rows) and says so (``committed``). The unit counts the resource's rate-limit pool from its
-start and tells the door's observer what happens (``_events``): started, pages committed, what
-the pool learned, retries, notes, and how it ended.
+``Unit.pages`` lists the resource through the store's client; the door takes each page (``pull``
+writes it to a file, ``sync`` commits it to its sink, the dlt source yields rows) and says so
+(``committed``). The unit counts its rate-limit pool from its start and tells the door's
+observer what happens (``_events``).
 """
 
 from __future__ import annotations
@@ -49,15 +48,11 @@ def clamped_page_note(asked: int | str | None, page: Page[Any]) -> str | None:
     return f"the server cut the page size to {len(page.data):,} records (asked for {asked:,})"
 
 
-def _ignore(event: object) -> None:
-    pass
-
-
 class Unit:
     """``resource`` of ``store``, pulled through ``client``, its events told to ``observe``."""
 
     def __init__(
-        self, client: AdminClient, store: str, resource: str, observe: Observer = _ignore
+        self, client: AdminClient, store: str, resource: str, observe: Observer = lambda _: None
     ) -> None:
         self.client, self.store, self.resource, self.observe = client, store, resource, observe
         self.pool = client.limits.pool_for("GET", resource)
@@ -67,14 +62,8 @@ class Unit:
     def stats(self) -> PoolStats:
         """The pool's counters since the unit started; the pace as it stands."""
         now = self.client.stats.pools.get(self.pool, PoolStats())
-        base = self._base
-        return attrs.evolve(
-            now,
-            requests=now.requests - base.requests,
-            rate_limited=now.rate_limited - base.rate_limited,
-            retries=now.retries - base.retries,
-            wait_seconds=now.wait_seconds - base.wait_seconds,
-        )
+        counters = ("requests", "rate_limited", "retries", "wait_seconds")
+        return attrs.evolve(now, **{c: getattr(now, c) - getattr(self._base, c) for c in counters})
 
     def start(self, *, resumed: bool = False, records_before: int = 0) -> None:
         """Count the pool from now; tell ``UnitStarted`` and what the pool knows already."""

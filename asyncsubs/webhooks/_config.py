@@ -240,23 +240,28 @@ class WebhookConfig:
         _header("signature_header", self.signature_header, optional=False)
         _header("timestamp_header", self.timestamp_header, optional=True)
         _header("id_header", self.id_header, optional=True)
+        # A setting that does not fit the scheme is the error's key: a config file names it
+        # as its own key.
         if scheme != "hmac" and self.signature_prefix:
-            raise ConfigError(f"signature_prefix is for the hmac scheme, not {scheme}")
+            problem = f"is for the hmac scheme, not {scheme}"
+            raise ConfigError(problem, key="signature_prefix", sep=" ")
         if scheme != "standard-webhooks" and self.id_header is not None:
-            raise ConfigError(
-                "id_header is for the standard-webhooks scheme, the one that signs the id: "
-                "an unsigned id header would let anyone slip a delivery past the dedupe"
+            problem = (
+                "is for the standard-webhooks scheme, the one that signs the id: an unsigned id "
+                "header would let anyone slip a delivery past the dedupe"
             )
+            raise ConfigError(problem, key="id_header", sep=" ")
         if scheme == "timestamped" and self.timestamp_header is not None:
-            raise ConfigError(
-                "the timestamped scheme reads its timestamp from t= in signature_header; "
-                "timestamp_header is for the hmac scheme"
+            problem = (
+                "is for the hmac scheme; the timestamped scheme reads its timestamp from t= in "
+                "the signature header"
             )
+            raise ConfigError(problem, key="timestamp_header", sep=" ")
         if scheme == "standard-webhooks":
-            if self.timestamp_header is None or self.id_header is None:
-                raise ConfigError(
-                    "the standard-webhooks scheme needs timestamp_header and id_header"
-                )
+            for name in ("timestamp_header", "id_header"):
+                if getattr(self, name) is None:
+                    problem = "is required by the standard-webhooks scheme"
+                    raise ConfigError(problem, key=name, sep=" ")
             if (self.encoding, self.algorithm) != ("base64", "sha256"):
                 raise ConfigError("the standard-webhooks scheme signs HMAC-SHA256 in base64")
             try:
