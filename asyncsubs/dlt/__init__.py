@@ -25,9 +25,10 @@ its own on that loop, so the stores' pulls go on while dlt writes a page, and th
 in flight at once are the resources, not the stores.
 """
 
+from ..stores import RESOURCES, Store
+from ..stores import Incremental as IncrementalFilter
 from ._deletes import DELETED_COLUMN, Delete, DeleteLog
-from ._source import DEFAULT_LAG, subscription_service
-from ._stores import RESOURCES, IncrementalFilter, Store, stores_from_file
+from ._source import DEFAULT_LAG, stores_from_file, subscription_service
 
 __all__ = [
     "DEFAULT_LAG",

@@ -12,8 +12,10 @@ import datetime
 import importlib.util
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import dlt
@@ -22,14 +24,25 @@ from dlt.extract import DltResource
 from dlt.extract.incremental import Incremental
 
 from .. import Page
+from .._client import store_fingerprint
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
-from ..stores import Unit, check_redis_url
+from ..settings import DEFAULT_VERSION, versioned_base
+from ..stores import (
+    DEFAULT_MAX_STORES,
+    RESOURCES,
+    Store,
+    Unit,
+    check_redis_url,
+    incremental_filters,
+    load_config,
+    stores_from_tables,
+)
+from ..stores import Incremental as IncrementalFilter
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import SEQ_COLUMN, STORE_COLUMN, Served
-from ._session import DEFAULT_MAX_STORES, SourceClients, StoreSlots
-from ._stores import RESOURCES, IncrementalFilter, Store, incremental_filters, stores_from_settings
+from ._session import SourceClients, _Run
 
-__all__ = ["DEFAULT_LAG", "subscription_service"]
+__all__ = ["DEFAULT_LAG", "stores_from_file", "subscription_service"]
 
 log = logging.getLogger("asyncsubs.dlt")
 
@@ -39,7 +52,6 @@ log = logging.getLogger("asyncsubs.dlt")
 #: runs of a few million records at the heavy pools' usual rates, and a run that outlasts the
 #: lag says so in a WARNING. The rows reached again are merged on their key: no duplicates.
 DEFAULT_LAG: Final = 3600.0
-_WRITE_DISPOSITIONS: Final = ("merge", "replace")
 #: Load through parquet where the destination takes it: into DuckDB a load of 18,000 records
 #: takes 0.8 s instead of 9.4 s and peaks at a fifth of the memory (benchmarks/README.md, dlt).
 #: dlt writes parquet with pyarrow (in the ``dlt`` extra); a destination that takes no parquet
@@ -47,52 +59,26 @@ _WRITE_DISPOSITIONS: Final = ("merge", "replace")
 _PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
 
 
-def _columns(deletes: bool) -> dict[str, Any]:
-    # The columns every row holds. The id is text: the one type every id fits exactly (ints
-    # beyond 64 bits, strings), and stable across stores and runs. The serve order decides
-    # which version of a record served twice in one load the merge keeps (``Served``).
-    columns: dict[str, Any] = {
-        STORE_COLUMN: {"data_type": "text", "nullable": False},
-        "id": {"data_type": "text", "nullable": False},
-        SEQ_COLUMN: {"data_type": "bigint", "nullable": False, "dedup_sort": "desc"},
-    }
-    if deletes:
-        columns[DELETED_COLUMN] = {"data_type": "bool", "hard_delete": True}
-    return columns
-
-
-def _checked(store: str, path: str, records: list[Any]) -> list[Any]:
-    for record in records:
-        if not isinstance(record, dict) or record.get("id") is None:
-            raise ProtocolError(
-                f"GET {path}: store {store}: a record without an 'id' cannot be merged on "
-                "(store, id)",
-                method="GET",
-                path=path,
-            )
-    return records
-
-
 class _Pulls:
-    """Every store's pull of one list endpoint, a task each, pages handed over as they arrive.
+    """Every store's pull of one list endpoint, a task each, pages handed over as they arrive
+    (plain methods: see ``_session``)."""
 
-    Plain methods rather than an async generator: when dlt stops an extract it closes every
-    async generator of its loop at once (``shutdown_asyncgens``), the ones in use by others
-    included, and the resource's own generator is the one that must do the cleaning up."""
-
-    def __init__(self, pages: Mapping[str, AsyncIterator[Page[Any]]], slots: StoreSlots) -> None:
+    def __init__(self, pages: Mapping[str, AsyncIterator[Page[Any]]], run: _Run) -> None:
         self._queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = (
             asyncio.Queue(maxsize=max(1, len(pages)))
         )
-        self._slots = slots
+        self._run = run
         self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
         self._running = len(self._tasks)
 
     async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
         try:
-            async with self._slots.hold(store):
+            await self._run.enter(store)
+            try:
                 async for page in pages:
                     await self._queue.put((store, page, None))
+            finally:
+                self._run.leave(store)
         except Exception as exc:
             await self._queue.put((store, None, exc))
         else:
@@ -118,15 +104,7 @@ class _Pulls:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _param(value: Any) -> Any:
-    """A high-water value as a query parameter (a datetime given as ``initial_value``)."""
-    if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat()
-    return value
-
-
 def _resource(
-    name: str,
     path: str,
     clients: SourceClients,
     stores: Sequence[Store],
@@ -136,19 +114,17 @@ def _resource(
     write_disposition: str,
 ) -> DltResource:
     """The resource of one list endpoint: every store that serves it, pulled at once."""
-
+    name = path.strip("/").replace("/", "_")
     # One generator function for both kinds: dlt binds an incremental given as the default of
     # an argument annotated with it, and passes None where the default is None.
     # No boundary de-duplication (primary_key=()): dlt's drops a record pulled again at the
     # high-water mark as already seen even when it changed again within that instant; the merge
     # on (store, id) de-duplicates instead, keeping the newest.
-    default: Incremental[Any] | None = (
-        None
-        if incremental is None
-        else dlt.sources.incremental(
+    default: Incremental[Any] | None = None
+    if incremental is not None:
+        default = dlt.sources.incremental(
             incremental.field, lag=lag, primary_key=(), on_cursor_value_missing="include"
         )
-    )
 
     async def pull(
         updated: Incremental[Any] | None = default,
@@ -159,17 +135,16 @@ def _resource(
         learned = dlt.current.source_state().setdefault("learned", {})
         started = time.monotonic()
         served = Served(None if incremental is None else incremental.field)
-        drop: set[tuple[str, str]] = set()
-        last_seq = seq = int(state.get("deletes_seq", 0))
-        if deletes is not None:
-            found = await asyncio.to_thread(deletes.since, seq, path)
-            if found:
-                gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
-                served.number(gone)
-                yield gone
-                drop = {(d.store, str(d.id)) for d in found}
-                last_seq = found[-1].seq
-        start = None if updated is None else _param(updated.start_value)
+        seq = int(state.get("deletes_seq", 0))
+        found = [] if deletes is None else await asyncio.to_thread(deletes.since, seq, path)
+        if found:
+            gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
+            served.number(gone)
+            yield gone
+        drop = {(d.store, str(d.id)) for d in found}
+        start = None if updated is None else updated.start_value
+        if isinstance(start, datetime.datetime | datetime.date):  # a datetime initial_value
+            start = start.isoformat()
         known = set(state.get("stores", ()))
         fresh = [s.name for s in stores if s.name not in known]
         if updated is not None and start is not None and fresh:
@@ -179,32 +154,40 @@ def _resource(
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
         pulled: set[str] = set()
-        async with clients.open(learned) as session:
-            pages = {}
-            for store in stores:
-                params = {}
-                if incremental is not None and start is not None and store.name in known:
-                    params[incremental.param] = start
-                unit = Unit(session.clients[store.name], store.name, path)
-                pages[store.name] = unit.pages(page_size=store.page_size, params=params)
-            pulls = _Pulls(pages, session.slots)
-            try:
-                while (item := await pulls.next()) is not None:
-                    store_name, page = item
-                    records = _checked(store_name, path, page.data)
-                    if drop:
-                        records = [r for r in records if (store_name, str(r["id"])) not in drop]
-                    if records and (page_rows := served.rows(store_name, records)):
-                        yield page_rows
-                    if page.next_cursor is None:
-                        pulled.add(store_name)
-            finally:
-                await pulls.aclose()
+        run = await clients.enter(learned)
+        pages = {}
+        for store in stores:
+            params = {}
+            if incremental is not None and start is not None and store.name in known:
+                params[incremental.param] = start
+            unit = Unit(run.clients[store.name], store.name, path)
+            pages[store.name] = unit.pages(page_size=store.page_size, params=params)
+        pulls = _Pulls(pages, run)
+        try:
+            while (item := await pulls.next()) is not None:
+                store_name, page = item
+                if any(not isinstance(r, dict) or r.get("id") is None for r in page.data):
+                    raise ProtocolError(
+                        f"GET {path}: store {store_name}: a record without an 'id' cannot be "
+                        "merged on (store, id)",
+                        method="GET",
+                        path=path,
+                    )
+                records = page.data
+                if drop:
+                    records = [r for r in records if (store_name, str(r["id"])) not in drop]
+                if page_rows := served.rows(store_name, records):
+                    yield page_rows
+                if page.next_cursor is None:
+                    pulled.add(store_name)
+        finally:
+            await pulls.aclose()
+            await clients.leave(run)
         # Written only now, and committed by dlt only with the load: a failed run changes none.
         if updated is not None:
             state["stores"] = sorted(known | pulled)
-        if last_seq != seq:
-            state["deletes_seq"] = last_seq
+        if found:
+            state["deletes_seq"] = found[-1].seq
         if served.dropped:
             log.info(
                 "%s: %d records were served again in an older version; the newer one is kept",
@@ -222,20 +205,80 @@ def _resource(
                 math.ceil(2 * took),
             )
 
+    # The columns every row holds. The id is text: the one type every id fits exactly (ints
+    # beyond 64 bits, strings), and stable across stores and runs. The serve order decides
+    # which version of a record served twice in one load the merge keeps (``Served``).
+    columns: dict[str, Any] = {
+        STORE_COLUMN: {"data_type": "text", "nullable": False},
+        "id": {"data_type": "text", "nullable": False},
+        SEQ_COLUMN: {"data_type": "bigint", "nullable": False, "dedup_sort": "desc"},
+    }
+    if deletes is not None:
+        columns[DELETED_COLUMN] = {"data_type": "bool", "hard_delete": True}
     hints: dict[str, Any] = {
         "name": name,
         "table_name": name,
         "primary_key": (STORE_COLUMN, "id"),
         "write_disposition": write_disposition,
-        "columns": _columns(deletes is not None),
+        "columns": columns,
+        "file_format": "parquet" if _PARQUET else None,
     }
-    if _PARQUET:
-        hints["file_format"] = "parquet"
     return dlt.resource(pull, **hints)
 
 
-def _resource_name(path: str) -> str:
-    return path.strip("/").replace("/", "_")
+def _stores(
+    stores: object, base_url: str | None, token: str | None, store: str | None, path: str | None
+) -> list[Store]:
+    """The stores of one of the source's three forms: ``stores`` (``Store``s, or a table of
+    tables from dlt's config), ``base_url`` + ``token`` (one store), or a stores file."""
+    given = [
+        name
+        for name, value in (("stores", stores), ("base_url", base_url), ("stores_file", path))
+        if value is not None
+    ]
+    if len(given) != 1:
+        raise ConfigError(
+            "subscription_service needs exactly one of: stores (Store objects, or a "
+            "[sources.subscription_service.stores.<name>] table in .dlt/secrets.toml), "
+            "base_url with token (one store), or stores_file (the stores.toml of asyncsubs "
+            f"sync); got {', '.join(given) or 'none'}"
+        )
+    if path is not None:
+        return stores_from_file(path)
+    if base_url is not None:
+        if not token:
+            raise ConfigError(
+                "token is required with base_url: sources.subscription_service.token in "
+                ".dlt/secrets.toml, or SOURCES__SUBSCRIPTION_SERVICE__TOKEN"
+            )
+        # Unnamed, the store is called as a client calls it (a fingerprint of URL and token).
+        name = store or store_fingerprint(versioned_base(base_url, DEFAULT_VERSION), token)
+        return [Store(name=name, base_url=base_url, token=token)]
+    if isinstance(stores, Store):
+        return [stores]
+    if isinstance(stores, Mapping):
+        own = {name: table for name, table in stores.items() if not isinstance(table, Store)}
+        tables = iter(stores_from_tables(own) if own else ())
+        found = [t if isinstance(t, Store) else next(tables) for t in stores.values()]
+    elif isinstance(stores, Sequence) and not isinstance(stores, str | bytes):
+        found = list(stores)
+        if not all(isinstance(s, Store) for s in found):
+            raise ConfigError("stores must be Store objects or a table of store tables")
+    else:
+        raise ConfigError(f"stores must be Store objects or a table of tables, got {stores!r}")
+    if not found:
+        raise ConfigError("stores is empty")
+    names = [s.name for s in found]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"store names must be unique, got {names}")
+    return found
+
+
+def stores_from_file(path: str | os.PathLike[str]) -> list[Store]:
+    """The stores of a ``stores.toml`` as ``asyncsubs sync`` reads it (tokens from the
+    environment variables it names); ConfigError listing every problem otherwise."""
+    stores: list[Store] = load_config(Path(path), os.environ)
+    return stores
 
 
 def _incremental_by_resource(
@@ -243,20 +286,17 @@ def _incremental_by_resource(
 ) -> dict[str, IncrementalFilter]:
     """One filter per resource (dlt keeps one high-water mark per resource): the argument's,
     else the stores' own, which must then agree."""
-    found: dict[str, IncrementalFilter] = {}
+    found = {}
     for path in paths:
-        if path in given:
-            found[path] = given[path]
-            continue
         filters = {s.incremental[path] for s in stores if path in s.incremental}
-        if len(filters) > 1:
+        if path not in given and len(filters) > 1:
             raise ConfigError(
                 f"incremental.{path}: the stores configure different filters "
                 f"({sorted(map(str, filters))}); one resource has one high-water mark, so "
                 "give one filter for all stores (the incremental argument)"
             )
-        if filters:
-            found[path] = filters.pop()
+        if path in given or filters:
+            found[path] = given.get(path) or filters.pop()
     return found
 
 
@@ -298,10 +338,8 @@ def subscription_service(
             reloads the tables whole; deleted records go with the old rows).
         max_stores: stores pulling at once (each holds an HTTP session and its connections).
     """
-    found = stores_from_settings(
-        stores=stores, base_url=base_url, token=token, store=store, stores_file=stores_file
-    )
-    if write_disposition not in _WRITE_DISPOSITIONS:
+    found = _stores(stores, base_url, token, store, stores_file)
+    if write_disposition not in ("merge", "replace"):
         raise ConfigError(
             f"write_disposition must be 'merge' or 'replace', got {write_disposition!r}"
         )
@@ -328,13 +366,8 @@ def subscription_service(
         raise ConfigError(f"max_stores must be a whole number >= 1, got {max_stores!r}")
     redis = None if redis_url is None else check_redis_url(str(redis_url), where="redis_url")
     clients = SourceClients(found, wanted, redis, max_stores)
-    # Settings each client will be made with, checked now (no I/O): a bad URL or token fails
-    # here rather than inside the extract.
-    for s in found:
-        clients.check(s)
     return [
         _resource(
-            _resource_name(path),
             path,
             clients,
             [s for s in found if s.pulls(path)],
