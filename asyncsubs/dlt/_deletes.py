@@ -2,12 +2,10 @@
 run hands them to dlt as hard deletes.
 
 A record deleted on the server is absent from every later list pull, so a pull can never tell
-the warehouse it is gone. Its delete webhook can: ``DeleteLog`` writes each delete a
-``WebhookReceiver`` accepts (its handler, or a call from yours) to a small SQLite file, in order;
-a source given the file yields, for every resource, a row per delete logged since its last run
-carrying ``asyncsubs_deleted = true``, the column dlt's ``hard_delete`` hint names, and the merge
-deletes the row with that (``store``, ``id``). How far each resource has read is kept in its
-dlt state, committed with the load, so a failed run applies the same deletes again.
+the warehouse it is gone; its delete webhook can. ``DeleteLog`` keeps each delete a
+``WebhookReceiver`` accepts in a small SQLite file, in order, and a source given the file yields
+a row per delete logged since the resource's last run, with ``DELETED_COLUMN`` true (hinted
+``hard_delete``). How far each resource has read is in its dlt state, committed with the load.
 """
 
 from __future__ import annotations
@@ -53,18 +51,9 @@ class Delete:
 
 
 class DeleteLog:
-    """Deletes the webhooks announced, in a SQLite file the receiver and the pipeline share.
-
-    ::
-
-        log = DeleteLog("deletes.db")
-        receiver = WebhookReceiver(WebhookConfig(secret), log.handler("acme"), store="acme")
-        ...
-        pipeline.run(subscription_service(stores=..., deletes="deletes.db"))
-
-    The receiver acknowledges a delivery once its handler returns, so a delete is acknowledged
-    only once it is written down. Each call opens and closes its own connection (a receiver
-    and a pipeline are usually separate processes).
+    """Deletes the webhooks announced, in a SQLite file the receiver and the pipeline share
+    (docs/dlt.md). A delivery is acknowledged once its handler returns, so a delete only once
+    written down. Each call opens its own connection: the two are usually separate processes.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -75,15 +64,11 @@ class DeleteLog:
     def __repr__(self) -> str:
         return f"<DeleteLog {str(self.path)!r}>"
 
-    @contextlib.contextmanager
-    def _connect(self) -> Any:
+    def _connect(self) -> contextlib.closing[sqlite3.Connection]:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-            yield conn
-        finally:
-            conn.close()
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_SCHEMA)
+        return contextlib.closing(conn)
 
     def add(self, store: str, resource: str, record_id: Any) -> None:
         """Log one delete (blocking; ``record`` is the async form)."""

@@ -1,26 +1,27 @@
-"""The clients of one run of the source, in the event loop that runs its resources.
+"""One run of the source in the event loop that runs its resources: the stores' clients, their
+slots and their pulls.
 
-dlt runs every async resource of a source's extract on one event loop of its own, in a
-background thread (see the package's docstring); a client belongs to the loop of its first
-request. So the clients are made there, by the first resource that starts, shared by every
-resource of the run (each store's one budget), and closed by the last one to finish; what they
-learned of the servers is written to the source's state on the way out.
+A client belongs to the loop of its first request, and dlt runs a source's resources on one
+loop of its own (docs/dlt.md, "Many stores and how dlt runs them"): so the first resource to
+start makes the clients there, every resource shares them (each store's one budget), and the
+last to finish closes them, writing what they learned to the source's state.
 
-Plain methods, no async generators or context managers made of them: when dlt stops an extract
-it closes every async generator of its loop at once (``shutdown_asyncgens``), the ones in use
-by others included, so the resource's own generator is the one that does the cleaning up.
+Plain methods, no async generators: when dlt stops an extract it closes every async generator
+of its loop at once (``shutdown_asyncgens``), the ones in use by others included, so the
+resource's own generator is the one that does the cleaning up.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import MutableMapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
+from typing import Any, Self
 
 import attrs
 
-from .. import AdminClient
+from .. import AdminClient, Page
+from ..errors import AsyncSubsError
 from ..stores import LearnedState, Store, StoreClients
 
 __all__ = ["SourceClients"]
@@ -60,6 +61,53 @@ class _Run:
         await self.factory.aclose()
 
 
+class Pulls:
+    """Every store's pull of one list endpoint, a task each in its slot of ``run``, pages
+    handed over as they arrive (``async for store, page in pulls``)."""
+
+    def __init__(self, run: _Run, pages: Mapping[str, AsyncIterator[Page[Any]]]) -> None:
+        self._run = run
+        self._queue: asyncio.Queue[tuple[str, Page[Any] | None, Exception | None]] = asyncio.Queue(
+            maxsize=max(1, len(pages))
+        )
+        self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
+        self._running = len(self._tasks)
+
+    async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
+        error = None
+        await self._run.enter(store)
+        try:
+            async for page in pages:
+                await self._queue.put((store, page, None))
+        except Exception as exc:
+            error = exc
+        finally:
+            self._run.leave(store)
+        await self._queue.put((store, None, error))  # this store is done
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> tuple[str, Page[Any]]:
+        """The next page of any store. A store's failure is raised, its message naming the
+        store: dlt fails the run, and nothing is committed."""
+        while self._running:
+            store, page, error = await self._queue.get()
+            if error is not None:
+                if isinstance(error, AsyncSubsError):
+                    error.args = (f"store {store}: {error}", *error.args[1:])
+                raise error
+            if page is not None:
+                return store, page
+            self._running -= 1
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class SourceClients:
     """The stores' clients for every run of a source object, one ``_Run`` per event loop."""
 
@@ -91,7 +139,7 @@ class SourceClients:
             try:
                 for store in self.stores:
                     run.clients[store.name] = await factory.open(store)
-            except BaseException:  # a client the settings refuse (checked before: unlikely)
+            except BaseException:  # a client refused (a Redis URL without redis-py installed)
                 del self._runs[loop]
                 await run.aclose()
                 raise

@@ -23,9 +23,8 @@ from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
 from dlt.extract.incremental import Incremental
 
-from .. import Page
 from .._client import store_fingerprint
-from ..errors import AsyncSubsError, ConfigError, ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..stores import (
     DEFAULT_MAX_STORES,
@@ -40,74 +39,23 @@ from ..stores import (
 from ..stores import Incremental as IncrementalFilter
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import SEQ_COLUMN, STORE_COLUMN, Served
-from ._session import SourceClients, _Run
+from ._session import Pulls, SourceClients
 
 __all__ = ["DEFAULT_LAG", "stores_from_file", "subscription_service"]
 
 log = logging.getLogger("asyncsubs.dlt")
 
-#: Seconds an incremental run reaches back before the high-water mark. A record changed while a
-#: run pulls may carry a stamp below the newest one that run saw (its page was read before the
-#: change), so the next run must reach back at least as far as a run lasts: an hour covers the
-#: runs of a few million records at the heavy pools' usual rates, and a run that outlasts the
-#: lag says so in a WARNING. The rows reached again are merged on their key: no duplicates.
+#: Seconds an incremental run reaches back before the high-water mark: as long as a run lasts
+#: (an hour: a few million records at the heavy pools' usual rates; docs/dlt.md, "The lag").
 DEFAULT_LAG: Final = 3600.0
-#: Load through parquet where the destination takes it: into DuckDB a load of 18,000 records
-#: takes 0.8 s instead of 9.4 s and peaks at a fifth of the memory (benchmarks/README.md, dlt).
-#: dlt writes parquet with pyarrow (in the ``dlt`` extra); a destination that takes no parquet
-#: gets its default format, with dlt's warning; ``pipeline.run(loader_file_format=...)`` wins.
+#: Load through parquet (written by pyarrow, in the ``dlt`` extra) where the destination takes
+#: it: into DuckDB, many times faster and at a fraction of the memory (docs/dlt.md, "Parquet").
 _PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
-
-
-class _Pulls:
-    """Every store's pull of one list endpoint, a task each, pages handed over as they arrive
-    (plain methods: see ``_session``)."""
-
-    def __init__(self, pages: Mapping[str, AsyncIterator[Page[Any]]], run: _Run) -> None:
-        self._queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = (
-            asyncio.Queue(maxsize=max(1, len(pages)))
-        )
-        self._run = run
-        self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
-        self._running = len(self._tasks)
-
-    async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
-        try:
-            await self._run.enter(store)
-            try:
-                async for page in pages:
-                    await self._queue.put((store, page, None))
-            finally:
-                self._run.leave(store)
-        except Exception as exc:
-            await self._queue.put((store, None, exc))
-        else:
-            await self._queue.put((store, None, None))
-
-    async def next(self) -> tuple[str, Page[Any]] | None:
-        """The next page of any store, None when every store is done. A store's failure is
-        raised, its message naming the store: dlt fails the run, and nothing is committed."""
-        while self._running:
-            store, page, error = await self._queue.get()
-            if error is not None:
-                if isinstance(error, AsyncSubsError):
-                    error.args = (f"store {store}: {error}", *error.args[1:])
-                raise error
-            if page is not None:
-                return store, page
-            self._running -= 1
-        return None
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _resource(
     path: str,
     clients: SourceClients,
-    stores: Sequence[Store],
     incremental: IncrementalFilter | None,
     lag: float,
     deletes: DeleteLog | None,
@@ -115,6 +63,7 @@ def _resource(
 ) -> DltResource:
     """The resource of one list endpoint: every store that serves it, pulled at once."""
     name = path.strip("/").replace("/", "_")
+    stores = [s for s in clients.stores if s.pulls(path)]
     # One generator function for both kinds: dlt binds an incremental given as the default of
     # an argument annotated with it, and passes None where the default is None.
     # No boundary de-duplication (primary_key=()): dlt's drops a record pulled again at the
@@ -153,19 +102,17 @@ def _resource(
             # leaves the mark where it was.
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
+        since = {} if incremental is None or start is None else {incremental.param: start}
         pulled: set[str] = set()
         run = await clients.enter(learned)
         pages = {}
         for store in stores:
-            params = {}
-            if incremental is not None and start is not None and store.name in known:
-                params[incremental.param] = start
             unit = Unit(run.clients[store.name], store.name, path)
+            params = since if store.name in known else None
             pages[store.name] = unit.pages(page_size=store.page_size, params=params)
-        pulls = _Pulls(pages, run)
+        pulls = Pulls(run, pages)
         try:
-            while (item := await pulls.next()) is not None:
-                store_name, page = item
+            async for store_name, page in pulls:
                 if any(not isinstance(r, dict) or r.get("id") is None for r in page.data):
                     raise ProtocolError(
                         f"GET {path}: store {store_name}: a record without an 'id' cannot be "
@@ -231,11 +178,8 @@ def _stores(
 ) -> list[Store]:
     """The stores of one of the source's three forms: ``stores`` (``Store``s, or a table of
     tables from dlt's config), ``base_url`` + ``token`` (one store), or a stores file."""
-    given = [
-        name
-        for name, value in (("stores", stores), ("base_url", base_url), ("stores_file", path))
-        if value is not None
-    ]
+    forms = {"stores": stores, "base_url": base_url, "stores_file": path}
+    given = [form for form, value in forms.items() if value is not None]
     if len(given) != 1:
         raise ConfigError(
             "subscription_service needs exactly one of: stores (Store objects, or a "
@@ -277,8 +221,7 @@ def _stores(
 def stores_from_file(path: str | os.PathLike[str]) -> list[Store]:
     """The stores of a ``stores.toml`` as ``asyncsubs sync`` reads it (tokens from the
     environment variables it names); ConfigError listing every problem otherwise."""
-    stores: list[Store] = load_config(Path(path), os.environ)
-    return stores
+    return load_config(Path(path), os.environ)
 
 
 def _incremental_by_resource(
@@ -367,14 +310,6 @@ def subscription_service(
     redis = None if redis_url is None else check_redis_url(str(redis_url), where="redis_url")
     clients = SourceClients(found, wanted, redis, max_stores)
     return [
-        _resource(
-            path,
-            clients,
-            [s for s in found if s.pulls(path)],
-            filters.get(path),
-            float(lag),
-            log_,
-            write_disposition,
-        )
+        _resource(path, clients, filters.get(path), float(lag), log_, write_disposition)
         for path in wanted
     ]

@@ -54,8 +54,7 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
                 pipelines_dir=str(Path(tmp) / "pipelines"),
                 dataset_name="subs",
             )
-            # The state of an earlier run into this database (the pipeline's working directory
-            # is new each run): what its clients learned is where this run's start.
+            # An earlier run's state, from the database: what its clients learned, this run's.
             pipeline.sync_destination()
             before = _learned(pipeline.state)
             started = time.monotonic()
