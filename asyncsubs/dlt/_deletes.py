@@ -16,14 +16,13 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from ..errors import ConfigError
-from ..webhooks import WebhookEvent
+from ..webhooks import Handler, WebhookEvent
 
 __all__ = ["DELETED_COLUMN", "Delete", "DeleteLog"]
 
@@ -52,9 +51,7 @@ class Delete:
 
 class DeleteLog:
     """Deletes the webhooks announced, in a SQLite file the receiver and the pipeline share
-    (docs/dlt.md). A delivery is acknowledged once its handler returns, so a delete only once
-    written down. Each call opens its own connection: the two are usually separate processes.
-    """
+    (usually separate processes: each call connects). docs/dlt.md shows both sides."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -91,7 +88,7 @@ class DeleteLog:
         await asyncio.to_thread(self.add, owner, event.resource, event.record_id)
         return True
 
-    def handler(self, store: str | None = None) -> Callable[[WebhookEvent], Awaitable[None]]:
+    def handler(self, store: str | None = None) -> Handler:
         """A ``WebhookReceiver`` handler that logs deletes and ignores every other event."""
 
         async def log_deletes(event: WebhookEvent) -> None:

@@ -1,17 +1,12 @@
-"""Records as dlt receives them: exactly as the server sent them, plus their ``store`` and the
-order they were served in.
+"""Records as dlt receives them: as the server sent them, plus their ``store`` and the order
+they were served in.
 
-A server that lists by modification time serves a record changed during a pull twice in one run,
-its old version first, and dlt's merge keeps an arbitrary row per key of one load unless a
-column orders them. The newest version wins, as in the sinks of ``asyncsubs sync``: ``Served``
-numbers every row in the order it was received (``SEQ_COLUMN``, hinted ``dedup_sort: desc``, so
-the merge keeps the last one served, child rows with it), and where the resource has an
-incremental field it drops a version older by that field than one the run already yielded, so
-the last served is also the newest.
-
-dlt writes what a resource yields with orjson, which refuses integers beyond 64 bits: those
-become ``dlt.common.wei.Wei``, dlt's decimal type for large integers (DuckDB ``DECIMAL(38,0)``,
-PostgreSQL ``NUMERIC``, BigQuery ``BIGNUMERIC``). Only a page orjson refuses is walked.
+A server listing by modification time serves a record changed during a pull twice, its old
+version first, and dlt's merge keeps an arbitrary row per key of one load unless a column
+orders them. The newest wins, as in ``asyncsubs sync``: ``SEQ_COLUMN`` (hinted ``dedup_sort:
+desc``) numbers the rows as served, and a version older by the incremental field than one
+already yielded is dropped. dlt writes rows with orjson, which refuses integers beyond 64 bits:
+those become dlt's ``Wei`` (a decimal column), in the rare page orjson refuses.
 """
 
 from __future__ import annotations
@@ -65,13 +60,8 @@ def older(a: Any, b: Any) -> bool:
 
 
 class Served:
-    """The rows of one resource's run, numbered in the order they were served.
-
-    ``field``: the resource's incremental field, by which a version older than one already
-    yielded for the same (store, id) is dropped (it keeps one value per record the run
-    received). The numbers start at the run's start in nanoseconds, so they also grow from one
-    run to the next.
-    """
+    """The rows of one resource's run, numbered as served from the run's start in nanoseconds
+    (so across runs too); a version older by ``field`` than one yielded before is dropped."""
 
     def __init__(self, field: str | None = None) -> None:
         self._field = field

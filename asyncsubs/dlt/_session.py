@@ -1,14 +1,10 @@
-"""One run of the source in the event loop that runs its resources: the stores' clients, their
-slots and their pulls.
+"""One run of the source on dlt's extract loop: the stores' clients, slots and pulls.
 
-A client belongs to the loop of its first request, and dlt runs a source's resources on one
-loop of its own (docs/dlt.md, "Many stores and how dlt runs them"): so the first resource to
-start makes the clients there, every resource shares them (each store's one budget), and the
-last to finish closes them, writing what they learned to the source's state.
-
-Plain methods, no async generators: when dlt stops an extract it closes every async generator
-of its loop at once (``shutdown_asyncgens``), the ones in use by others included, so the
-resource's own generator is the one that does the cleaning up.
+A client belongs to the loop of its first request, and dlt runs all of a source's resources on
+one loop (docs/dlt.md): the first resource to start makes the clients there, all share them
+(each store's one budget), and the last to finish closes them, keeping what they learned.
+Plain methods, no async generators: dlt ends an extract by closing every async generator of
+its loop at once (``shutdown_asyncgens``), so the resource's own one does the cleaning up.
 """
 
 from __future__ import annotations
@@ -28,6 +24,8 @@ __all__ = ["SourceClients"]
 
 #: What the source's clients say they are, before the library's own user agent.
 USER_AGENT = "asyncsubs-dlt"
+#: Each store's pages as they arrive, then ``(store, None, its error or None)`` when it is done.
+_Queue = asyncio.Queue[tuple[str, Page[Any] | None, Exception | None]]
 
 
 class _Run:
@@ -42,17 +40,23 @@ class _Run:
         self._pulls: Counter[str] = Counter()
         self._entering: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def enter(self, store: str) -> None:
-        """Start a pull of ``store``: in a slot of its own, or in the one it pulls in already."""
+    async def pull(self, store: str, pages: AsyncIterator[Page[Any]], queue: _Queue) -> None:
+        """``store``'s pages into ``queue``, in a slot of its own or the one it pulls in already."""
+        error = None
         async with self._entering[store]:
             if not self._pulls[store]:
                 await self._free.acquire()
             self._pulls[store] += 1
-
-    def leave(self, store: str) -> None:
-        self._pulls[store] -= 1
-        if not self._pulls[store]:
-            self._free.release()
+        try:
+            async for page in pages:
+                await queue.put((store, page, None))
+        except Exception as exc:
+            error = exc
+        finally:
+            self._pulls[store] -= 1
+            if not self._pulls[store]:
+                self._free.release()
+        await queue.put((store, None, error))
 
     async def aclose(self) -> None:
         for client in self.clients.values():
@@ -66,24 +70,9 @@ class Pulls:
     handed over as they arrive (``async for store, page in pulls``)."""
 
     def __init__(self, run: _Run, pages: Mapping[str, AsyncIterator[Page[Any]]]) -> None:
-        self._run = run
-        self._queue: asyncio.Queue[tuple[str, Page[Any] | None, Exception | None]] = asyncio.Queue(
-            maxsize=max(1, len(pages))
-        )
-        self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
+        self._queue: _Queue = asyncio.Queue(maxsize=max(1, len(pages)))
+        self._tasks = [asyncio.create_task(run.pull(*p, self._queue)) for p in pages.items()]
         self._running = len(self._tasks)
-
-    async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
-        error = None
-        await self._run.enter(store)
-        try:
-            async for page in pages:
-                await self._queue.put((store, page, None))
-        except Exception as exc:
-            error = exc
-        finally:
-            self._run.leave(store)
-        await self._queue.put((store, None, error))  # this store is done
 
     def __aiter__(self) -> Self:
         return self
@@ -117,8 +106,7 @@ class SourceClients:
         self.stores, self.list_paths = tuple(stores), tuple(list_paths)
         self.redis, self.max_stores = redis, max_stores
         self._runs: dict[asyncio.AbstractEventLoop, _Run] = {}
-        # The settings each client will be made with, checked now (no I/O): a bad URL or token
-        # fails when the source is made rather than inside the extract.
+        # Each client's settings checked now (no I/O): a bad URL or token fails here, not later.
         checker = StoreClients(None, list_paths=self.list_paths)
         for store in self.stores:
             checker.client(attrs.evolve(store, redis=None), telemetry=False)

@@ -64,11 +64,9 @@ def _resource(
     """The resource of one list endpoint: every store that serves it, pulled at once."""
     name = path.strip("/").replace("/", "_")
     stores = [s for s in clients.stores if s.pulls(path)]
-    # One generator function for both kinds: dlt binds an incremental given as the default of
-    # an argument annotated with it, and passes None where the default is None.
-    # No boundary de-duplication (primary_key=()): dlt's drops a record pulled again at the
-    # high-water mark as already seen even when it changed again within that instant; the merge
-    # on (store, id) de-duplicates instead, keeping the newest.
+    # dlt binds an incremental given as an argument's default (None: none). No boundary
+    # de-duplication (primary_key=()): it would drop a record changed again within the mark's
+    # instant as already seen; the merge on (store, id) keeps the newest instead.
     default: Incremental[Any] | None = None
     if incremental is not None:
         default = dlt.sources.incremental(
@@ -78,8 +76,7 @@ def _resource(
     async def pull(
         updated: Incremental[Any] | None = default,
     ) -> AsyncIterator[list[dict[str, Any]]]:
-        # Runs on dlt's extract loop: the state is read with the resource's name, as dlt asks of
-        # async resources.
+        # On dlt's extract loop: an async resource names itself to read its state.
         state = dlt.current.resource_state(name)
         learned = dlt.current.source_state().setdefault("learned", {})
         started = time.monotonic()
@@ -97,9 +94,8 @@ def _resource(
         known = set(state.get("stores", ()))
         fresh = [s.name for s in stores if s.name not in known]
         if updated is not None and start is not None and fresh:
-            # The high-water mark is the resource's; a store it has never pulled needs its whole
-            # history, which the mark's filter would drop. This run passes pages unfiltered and
-            # leaves the mark where it was.
+            # A store the resource never pulled needs its whole history, which the mark would
+            # filter out: this run passes pages unfiltered and leaves the mark where it was.
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
         since = {} if incremental is None or start is None else {incremental.param: start}
@@ -152,9 +148,7 @@ def _resource(
                 math.ceil(2 * took),
             )
 
-    # The columns every row holds. The id is text: the one type every id fits exactly (ints
-    # beyond 64 bits, strings), and stable across stores and runs. The serve order decides
-    # which version of a record served twice in one load the merge keeps (``Served``).
+    # The id is text: every id fits it exactly (ints beyond 64 bits, strings), in every store.
     columns: dict[str, Any] = {
         STORE_COLUMN: {"data_type": "text", "nullable": False},
         "id": {"data_type": "text", "nullable": False},
@@ -199,7 +193,7 @@ def _stores(
         name = store or store_fingerprint(versioned_base(base_url, DEFAULT_VERSION), token)
         return [Store(name=name, base_url=base_url, token=token)]
     if isinstance(stores, Store):
-        return [stores]
+        stores = [stores]
     if isinstance(stores, Mapping):
         own = {name: table for name, table in stores.items() if not isinstance(table, Store)}
         tables = iter(stores_from_tables(own) if own else ())
@@ -224,25 +218,6 @@ def stores_from_file(path: str | os.PathLike[str]) -> list[Store]:
     return load_config(Path(path), os.environ)
 
 
-def _incremental_by_resource(
-    paths: Sequence[str], stores: Sequence[Store], given: Mapping[str, IncrementalFilter]
-) -> dict[str, IncrementalFilter]:
-    """One filter per resource (dlt keeps one high-water mark per resource): the argument's,
-    else the stores' own, which must then agree."""
-    found = {}
-    for path in paths:
-        filters = {s.incremental[path] for s in stores if path in s.incremental}
-        if path not in given and len(filters) > 1:
-            raise ConfigError(
-                f"incremental.{path}: the stores configure different filters "
-                f"({sorted(map(str, filters))}); one resource has one high-water mark, so "
-                "give one filter for all stores (the incremental argument)"
-            )
-        if path in given or filters:
-            found[path] = given.get(path) or filters.pop()
-    return found
-
-
 @dlt.source(name="subscription_service")
 def subscription_service(
     # A secret as a whole: tables from .dlt/secrets.toml hold tokens, and dlt's trace shows the
@@ -264,12 +239,10 @@ def subscription_service(
     """Subscriptions, customers and orders (and any other list endpoint) of one store or many.
 
     Args:
-        stores: ``Store`` objects, or (from ``.dlt/secrets.toml``) a table of store tables,
-            each with ``base_url`` and ``token``.
-        base_url, token, store: one store (``token`` is a secret: ``sources.
-            subscription_service.token``); ``store`` names it (default: a fingerprint).
-        stores_file: the ``stores.toml`` of ``asyncsubs sync`` (tokens from the variables it
-            names).
+        stores: ``Store`` objects, or (from ``.dlt/secrets.toml``) a table of store tables.
+        base_url, token, store: one store (``token`` a secret); ``store`` names it (default:
+            a fingerprint).
+        stores_file: the ``stores.toml`` of ``asyncsubs sync`` (tokens from its variables).
         resources: which of the interface's list endpoints to load.
         list_paths: other list endpoints with the same pagination (records as sent).
         incremental: ``{resource: {"param": ..., "field": ...}}``, the server's updated-since
@@ -277,8 +250,8 @@ def subscription_service(
         lag: seconds an incremental run reaches back before the high-water mark.
         redis_url: pace every store through ``RedisLimiter`` there (a store's ``redis`` wins).
         deletes: a ``DeleteLog`` file: its deletes become dlt hard deletes.
-        write_disposition: ``"merge"`` on (``store``, ``id``), or ``"replace"`` (every run
-            reloads the tables whole; deleted records go with the old rows).
+        write_disposition: ``"merge"`` on (``store``, ``id``), or ``"replace"`` (each run
+            reloads the tables whole).
         max_stores: stores pulling at once (each holds an HTTP session and its connections).
     """
     found = _stores(stores, base_url, token, store, stores_file)
@@ -295,8 +268,20 @@ def subscription_service(
         )
     if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
         raise ConfigError(f"lag must be a number of seconds >= 0, got {lag!r}")
+    # One filter per resource (dlt keeps one high-water mark per resource): the argument's,
+    # else the stores' own, which must then agree.
     given = incremental_filters(incremental, "incremental")
-    filters = _incremental_by_resource(wanted, found, given)
+    filters = {}
+    for path in wanted:
+        own = {s.incremental[path] for s in found if path in s.incremental}
+        if path not in given and len(own) > 1:
+            raise ConfigError(
+                f"incremental.{path}: the stores configure different filters "
+                f"({sorted(map(str, own))}); one resource has one high-water mark, so "
+                "give one filter for all stores (the incremental argument)"
+            )
+        if path in given or own:
+            filters[path] = given.get(path) or own.pop()
     if filters and write_disposition == "replace":
         raise ConfigError(
             "write_disposition='replace' with incremental: each run would replace the tables "

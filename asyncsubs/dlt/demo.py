@@ -1,9 +1,7 @@
-"""The dlt source's demo (``python -m asyncsubs.dlt``): embedded fake stores loaded into DuckDB,
-no setup.
+"""The dlt source's demo (``python -m asyncsubs.dlt``): fake stores loaded into DuckDB.
 
-The fake server runs in a process of its own, as ``asyncsubs demo``'s does; its stores' heavy
-pools differ and the source is not told them, so each store's client discovers its rates and
-page size (README, "Discovery"). Prints the rows of every table, and what the server counted.
+The fake server runs in a process of its own; its stores' heavy pools differ and the source is
+not told them, so each store's client discovers its rates and page size (README, "Discovery").
 """
 
 from __future__ import annotations
@@ -104,10 +102,8 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
     print(f"database: {database or 'a temporary file, now deleted'}")
 
 
-def _learned(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    source: Mapping[str, Any] = state.get("sources", {}).get("subscription_service", {})
-    learned: Mapping[str, Any] = source.get("learned", {})
-    return learned
+def _learned(state: Mapping[str, Any]) -> Any:
+    return state.get("sources", {}).get("subscription_service", {}).get("learned", {})
 
 
 def _starts_at(pool: dict[str, Any]) -> float:
