@@ -1,18 +1,9 @@
 """A dlt source: subscriptions, customers and orders of many stores into any warehouse.
 
-::
-
-    import dlt
-    from asyncsubs.dlt import subscription_service
-
-    pipeline = dlt.pipeline("subscriptions", destination="duckdb", dataset_name="subs")
-    pipeline.run(subscription_service(stores_file="stores.toml"))
-
-``subscription_service`` has one resource per list endpoint (``subscriptions``, ``customers``,
-``orders``, and any ``list_paths``), each merging on (``store``, ``id``). See docs/dlt.md.
-
-dlt runs every resource, an async generator, on one event loop of its own, where the stores'
-clients live (``_session``): docs/dlt.md, "Many stores and how dlt runs them", says how.
+``subscription_service`` (``_source``) has one resource per list endpoint (``subscriptions``,
+``customers``, ``orders``, and any ``list_paths``), each merging on (``store``, ``id``); its rows
+are ``_records``, its clients and pulls ``_session``, its hard deletes ``_deletes``. dlt runs
+every resource on one event loop of its own: docs/dlt.md says how, with examples.
 """
 
 from ..stores import RESOURCES, Store

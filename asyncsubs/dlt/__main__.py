@@ -1,5 +1,4 @@
-"""``python -m asyncsubs.dlt``: the source's demo (``demo``), its arguments read by the
-command line."""
+"""``python -m asyncsubs.dlt``: the source's ``demo``, its arguments read by ``cli``."""
 
 import sys
 

@@ -1,11 +1,9 @@
-"""Deletes for the warehouse: the ids the service's delete webhooks name, kept until a pipeline
-run hands them to dlt as hard deletes.
+"""Deletes for the warehouse: a record deleted on the server is absent from every later pull,
+so only its delete webhook can say it is gone.
 
-A record deleted on the server is absent from every later list pull, so a pull can never tell
-the warehouse it is gone; its delete webhook can. ``DeleteLog`` keeps each delete a
-``WebhookReceiver`` accepts in a small SQLite file, in order, and a source given the file yields
-a row per delete logged since the resource's last run, with ``DELETED_COLUMN`` true (hinted
-``hard_delete``). How far each resource has read is in its dlt state, committed with the load.
+``DeleteLog`` keeps each delete a ``WebhookReceiver`` accepts in a SQLite file, in order; a
+source given the file yields a row per delete logged since the resource's last run (how far it
+read: its dlt state), ``DELETED_COLUMN`` true, hinted ``hard_delete``.
 """
 
 from __future__ import annotations
@@ -50,8 +48,8 @@ class Delete:
 
 
 class DeleteLog:
-    """Deletes the webhooks announced, in a SQLite file the receiver and the pipeline share
-    (usually separate processes: each call connects). docs/dlt.md shows both sides."""
+    """Deletes in a SQLite file the receiver and the pipeline share (separate processes, as a
+    rule: each call connects). docs/dlt.md shows both sides."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

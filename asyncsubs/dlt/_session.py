@@ -3,13 +3,14 @@
 A client belongs to the loop of its first request, and dlt runs all of a source's resources on
 one loop (docs/dlt.md): the first resource to start makes the clients there, all share them
 (each store's one budget), and the last to finish closes them, keeping what they learned.
-Plain methods, no async generators: dlt ends an extract by closing every async generator of
-its loop at once (``shutdown_asyncgens``), so the resource's own one does the cleaning up.
+No async generators: dlt ends an extract by closing every one of its loop at once
+(``shutdown_asyncgens``), so the resource's own generator is the one that cleans up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
 from typing import Any, Self
@@ -103,11 +104,13 @@ class SourceClients:
     def __init__(
         self, stores: Sequence[Store], list_paths: Sequence[str], redis: str | None, max_stores: int
     ) -> None:
-        self.stores, self.list_paths = tuple(stores), tuple(list_paths)
-        self.redis, self.max_stores = redis, max_stores
+        self.stores, self.max_stores = tuple(stores), max_stores
+        self._factory = functools.partial(
+            StoreClients, user_agent=USER_AGENT, list_paths=list_paths, redis=redis
+        )
         self._runs: dict[asyncio.AbstractEventLoop, _Run] = {}
         # Each client's settings checked now (no I/O): a bad URL or token fails here, not later.
-        checker = StoreClients(None, list_paths=self.list_paths)
+        checker = StoreClients(None, list_paths=list_paths)
         for store in self.stores:
             checker.client(attrs.evolve(store, redis=None), telemetry=False)
 
@@ -117,12 +120,7 @@ class SourceClients:
         loop = asyncio.get_running_loop()
         run = self._runs.get(loop)
         if run is None:
-            factory = StoreClients(
-                LearnedState(learned),
-                user_agent=USER_AGENT,
-                list_paths=self.list_paths,
-                redis=self.redis,
-            )
+            factory = self._factory(LearnedState(learned))
             run = self._runs[loop] = _Run(factory, self.max_stores)
             try:
                 for store in self.stores:

@@ -1,10 +1,8 @@
 """``subscription_service``: the dlt source, one resource per list endpoint, every store at once.
 
-Each resource is an async generator. dlt runs all of them on one event loop of its own (the
-package's docstring says how), where they share one ``AdminClient`` per store
-(``SourceClients``). A resource pulls every store that serves its endpoint concurrently, one
-task each, and yields each page as it arrives: a whole page per item, records as sent plus
-their ``store``.
+Each resource is an async generator sharing one ``AdminClient`` per store (``SourceClients``)
+with the others; it pulls every store that serves its endpoint at once and yields each page as
+it arrives, a whole page per item: records as sent plus their ``store``.
 """
 
 import asyncio

@@ -85,11 +85,8 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
     )
     print(
         f"\n{total:,} records ({records:,} per resource and store), {rejected} x 429 from the "
-        f"server: {how}"
-    )
-    print(
-        "learned, kept in the source's state: the rate the next run starts at (the "
-        "server's) and the page size:"
+        f"server: {how}\nlearned, kept in the source's state: the rate the next run starts at "
+        "(the server's) and the page size:"
     )
     for i, name in enumerate(names):
         pools = learned[name]["pools"]
