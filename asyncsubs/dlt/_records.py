@@ -38,11 +38,8 @@ def exact(value: Any) -> Any:
     return value
 
 
-def _instant(value: str) -> datetime.datetime | None:
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
+def _instant(value: str) -> datetime.datetime:
+    parsed = datetime.datetime.fromisoformat(value)
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
 
 
@@ -51,10 +48,10 @@ def older(a: Any, b: Any) -> bool:
     instants, other strings as strings; values that do not compare are not (the later served
     wins, as in the sinks)."""
     if isinstance(a, str) and isinstance(b, str):
-        first, second = _instant(a), _instant(b)
-        if first is not None and second is not None:
-            return first < second
-        return a < b
+        try:
+            return _instant(a) < _instant(b)
+        except ValueError:
+            return a < b
     numbers = [isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)]
     return all(numbers) and bool(a < b)
 

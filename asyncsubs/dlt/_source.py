@@ -97,7 +97,6 @@ def _resource(
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
         since = {} if incremental is None or start is None else {incremental.param: start}
-        pulled: set[str] = set()
         run = await clients.enter(learned)
         pages = {}
         for store in stores:
@@ -119,14 +118,13 @@ def _resource(
                     records = [r for r in records if (store_name, str(r["id"])) not in drop]
                 if page_rows := served.rows(store_name, records):
                     yield page_rows
-                if page.next_cursor is None:
-                    pulled.add(store_name)
         finally:
             await pulls.aclose()
             await clients.leave(run)
-        # Written only now, and committed by dlt only with the load: a failed run changes none.
+        # Every store pulled to its last page. Written only now, and committed by dlt only with
+        # the load: a failed run changes none.
         if updated is not None:
-            state["stores"] = sorted(known | pulled)
+            state["stores"] = sorted(known | {s.name for s in stores})
         if found:
             state["deletes_seq"] = found[-1].seq
         if served.dropped:
@@ -204,9 +202,8 @@ def _stores(
         raise ConfigError(f"stores must be Store objects or a table of tables, got {stores!r}")
     if not found:
         raise ConfigError("stores is empty")
-    names = [s.name for s in found]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"store names must be unique, got {names}")
+    if len({s.name for s in found}) != len(found):
+        raise ConfigError(f"store names must be unique, got {[s.name for s in found]}")
     return found
 
 
