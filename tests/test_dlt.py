@@ -514,7 +514,7 @@ def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
     """``python -m asyncsubs.dlt --duckdb X`` twice: the fake server listens on a new port each
     run, and its stores are the same stores all the same (what they learned is theirs by
     name, kept in the pipeline's state in the database)."""
-    from asyncsubs.dlt._demo import main
+    from asyncsubs.cli._dlt_demo import main
     from asyncsubs.stores import _clients
 
     made: list[dict[str, Any]] = []  # each client's learned limits, as it was made with them

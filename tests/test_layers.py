@@ -182,8 +182,6 @@ def test_only_the_command_line_speaks_of_flags() -> None:
         # testing/ starts other programs (initdb, pg_ctl) with their own flags.
         if where.startswith(("cli/", "testing/")):
             continue
-        if where == "dlt/_demo.py":  # ``python -m asyncsubs.dlt``: a command line of its own
-            continue
         tree = ast.parse(path.read_text())
         docstrings = {
             id(node.body[0].value)

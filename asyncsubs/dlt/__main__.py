@@ -1,8 +1,8 @@
-"""``python -m asyncsubs.dlt``: the source's demo (see ``_demo``)."""
+"""``python -m asyncsubs.dlt``: the source's ``demo``, its arguments read by ``cli``."""
 
 import sys
 
-from ._demo import main
+from ..cli._dlt_demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

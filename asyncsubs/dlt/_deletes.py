@@ -1,13 +1,9 @@
-"""Deletes for the warehouse: the ids the service's delete webhooks name, kept until a pipeline
-run hands them to dlt as hard deletes.
+"""Deletes for the warehouse: a record deleted on the server is absent from every later pull,
+so only its delete webhook can say it is gone.
 
-A record deleted on the server is absent from every later list pull, so a pull can never tell
-the warehouse it is gone. Its delete webhook can: ``DeleteLog`` writes each delete a
-``WebhookReceiver`` accepts (its handler, or a call from yours) to a small SQLite file, in order;
-a source given the file yields, for every resource, a row per delete logged since its last run
-carrying ``asyncsubs_deleted = true``, the column dlt's ``hard_delete`` hint names, and the merge
-deletes the row with that (``store``, ``id``). How far each resource has read is kept in its
-dlt state, committed with the load, so a failed run applies the same deletes again.
+``DeleteLog`` keeps each delete a ``WebhookReceiver`` accepts in a SQLite file, in order; a
+source given the file yields a row per delete logged since the resource's last run (how far it
+read: its dlt state), ``DELETED_COLUMN`` true, hinted ``hard_delete``.
 """
 
 from __future__ import annotations
@@ -18,14 +14,13 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from ..errors import ConfigError
-from ..webhooks import WebhookEvent
+from ..webhooks import Handler, WebhookEvent
 
 __all__ = ["DELETED_COLUMN", "Delete", "DeleteLog"]
 
@@ -53,19 +48,8 @@ class Delete:
 
 
 class DeleteLog:
-    """Deletes the webhooks announced, in a SQLite file the receiver and the pipeline share.
-
-    ::
-
-        log = DeleteLog("deletes.db")
-        receiver = WebhookReceiver(WebhookConfig(secret), log.handler("acme"), store="acme")
-        ...
-        pipeline.run(subscription_service(stores=..., deletes="deletes.db"))
-
-    The receiver acknowledges a delivery once its handler returns, so a delete is acknowledged
-    only once it is written down. Each call opens and closes its own connection (a receiver
-    and a pipeline are usually separate processes).
-    """
+    """Deletes in a SQLite file the receiver and the pipeline share (separate processes, as a
+    rule: each call connects). docs/dlt.md shows both sides."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -75,15 +59,11 @@ class DeleteLog:
     def __repr__(self) -> str:
         return f"<DeleteLog {str(self.path)!r}>"
 
-    @contextlib.contextmanager
-    def _connect(self) -> Any:
+    def _connect(self) -> contextlib.closing[sqlite3.Connection]:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-            yield conn
-        finally:
-            conn.close()
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_SCHEMA)
+        return contextlib.closing(conn)
 
     def add(self, store: str, resource: str, record_id: Any) -> None:
         """Log one delete (blocking; ``record`` is the async form)."""
@@ -106,7 +86,7 @@ class DeleteLog:
         await asyncio.to_thread(self.add, owner, event.resource, event.record_id)
         return True
 
-    def handler(self, store: str | None = None) -> Callable[[WebhookEvent], Awaitable[None]]:
+    def handler(self, store: str | None = None) -> Handler:
         """A ``WebhookReceiver`` handler that logs deletes and ignores every other event."""
 
         async def log_deletes(event: WebhookEvent) -> None:

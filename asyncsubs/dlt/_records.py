@@ -1,19 +1,12 @@
-"""Records as dlt receives them: exactly as the server sent them, plus their ``store`` and the
-order they were served in.
+"""Records as dlt receives them: as the server sent them, plus their ``store`` and the order
+they were served in.
 
-A server that lists by modification time serves a record changed during a pull twice in one run,
-its old version first, and dlt's merge keeps an arbitrary row per key of one load unless a
-column orders them. The newest version wins, as in the sinks of ``asyncsubs sync``: ``Served``
-numbers every row in the order it was received (``SEQ_COLUMN``, hinted ``dedup_sort: desc``, so
-the merge keeps the last one served, child rows with it), and where the resource has an
-incremental field it drops a version older by that field than one the run already yielded, so
-the last served is also the newest.
-
-The client decodes integers of any size exactly, but dlt writes what a resource yields with
-orjson, which refuses integers beyond 64 bits ("Integer exceeds 64-bit range"). Such integers
-become ``dlt.common.wei.Wei``, the decimal type dlt keeps for large integers: the same value,
-loaded into a ``wei`` column (DuckDB ``DECIMAL(38,0)``, PostgreSQL ``NUMERIC``, BigQuery
-``BIGNUMERIC``). Only a page that orjson refuses is walked, so the common page costs one dump.
+A server listing by modification time serves a record changed during a pull twice, its old
+version first, and dlt's merge keeps an arbitrary row per key of one load unless a column
+orders them. The newest wins, as in ``asyncsubs sync``: ``SEQ_COLUMN`` (hinted ``dedup_sort:
+desc``) numbers the rows as served, and a version older by the incremental field than one
+already yielded is dropped. dlt writes rows with orjson, which refuses integers beyond 64 bits:
+those become dlt's ``Wei`` (a decimal column), in the rare page orjson refuses.
 """
 
 from __future__ import annotations
@@ -26,14 +19,12 @@ from typing import Any, Final
 import orjson
 from dlt.common.wei import Wei
 
-__all__ = ["SEQ_COLUMN", "STORE_COLUMN", "Served", "exact", "rows"]
+__all__ = ["SEQ_COLUMN", "STORE_COLUMN", "Served", "exact", "older"]
 
 #: The column naming each record's store: half of the primary key (``store``, ``id``).
 STORE_COLUMN: Final = "store"
 #: The column numbering rows in the order the source received them (larger: served later).
 SEQ_COLUMN: Final = "asyncsubs_seq"
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
 
 
 def exact(value: Any) -> Any:
@@ -42,27 +33,13 @@ def exact(value: Any) -> Any:
         return {key: exact(item) for key, item in value.items()}
     if isinstance(value, list):
         return [exact(item) for item in value]
-    if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+    if type(value) is int and not -(2**63) <= value < 2**63:
         return Wei(value)
     return value
 
 
-def rows(store: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One page's records for dlt, each with its ``store`` (which replaces a ``store`` field of
-    the record's own: the column is the store's name in the pipeline)."""
-    page = [{**record, STORE_COLUMN: store} for record in records]
-    try:
-        orjson.dumps(page)
-    except TypeError:  # an integer beyond 64 bits somewhere: the only value orjson refuses
-        page = [exact(record) for record in page]
-    return page
-
-
-def _instant(value: str) -> datetime.datetime | None:
-    try:
-        parsed = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
+def _instant(value: str) -> datetime.datetime:
+    parsed = datetime.datetime.fromisoformat(value)
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
 
 
@@ -71,27 +48,17 @@ def older(a: Any, b: Any) -> bool:
     instants, other strings as strings; values that do not compare are not (the later served
     wins, as in the sinks)."""
     if isinstance(a, str) and isinstance(b, str):
-        first, second = _instant(a), _instant(b)
-        if first is not None and second is not None:
-            return first < second
-        return a < b
-    if _number(a) and _number(b):
-        return bool(a < b)
-    return False
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+        try:
+            return _instant(a) < _instant(b)
+        except ValueError:
+            return a < b
+    numbers = [isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)]
+    return all(numbers) and bool(a < b)
 
 
 class Served:
-    """The rows of one resource's run, numbered in the order they were served.
-
-    ``field``: the resource's incremental field, by which a version older than one already
-    yielded for the same (store, id) is dropped (it keeps one value per record the run
-    received). The numbers start at the run's start in nanoseconds, so they also grow from one
-    run to the next.
-    """
+    """The rows of one resource's run, numbered as served from the run's start in nanoseconds
+    (so across runs too); a version older by ``field`` than one yielded before is dropped."""
 
     def __init__(self, field: str | None = None) -> None:
         self._field = field
@@ -110,10 +77,15 @@ class Served:
         return True
 
     def rows(self, store: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One page's records for dlt (see ``rows``), numbered; older versions left out."""
+        """One page's records for dlt, numbered, older versions left out; each with its
+        ``store`` (in place of a ``store`` field of its own: the column is the pipeline's)."""
         if self._field is not None:
             records = [r for r in records if self._newer_or_equal(store, r)]
-        page = rows(store, records)
+        page = [{**record, STORE_COLUMN: store} for record in records]
+        try:
+            orjson.dumps(page)
+        except TypeError:  # an integer beyond 64 bits somewhere: the only value orjson refuses
+            page = [exact(record) for record in page]
         self.number(page)
         return page
 

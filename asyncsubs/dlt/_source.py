@@ -1,10 +1,8 @@
 """``subscription_service``: the dlt source, one resource per list endpoint, every store at once.
 
-Each resource is an async generator. dlt runs all of them on one event loop of its own (the
-package's docstring says how), where they share one ``AdminClient`` per store
-(``SourceClients``). A resource pulls every store that serves its endpoint concurrently, one
-task each, and yields each page as it arrives: a whole page per item, records as sent plus
-their ``store``.
+Each resource is an async generator sharing one ``AdminClient`` per store (``SourceClients``)
+with the others; it pulls every store that serves its endpoint at once and yields each page as
+it arrives, a whole page per item: records as sent plus their ``store``.
 """
 
 import asyncio
@@ -12,8 +10,10 @@ import datetime
 import importlib.util
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import dlt
@@ -21,190 +21,112 @@ from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
 from dlt.extract.incremental import Incremental
 
-from .. import Page
-from ..errors import AsyncSubsError, ConfigError, ProtocolError
-from ..stores import Unit, check_redis_url
+from .._client import store_fingerprint
+from ..errors import ConfigError, ProtocolError
+from ..settings import DEFAULT_VERSION, versioned_base
+from ..stores import (
+    DEFAULT_MAX_STORES,
+    RESOURCES,
+    Store,
+    Unit,
+    check_redis_url,
+    incremental_filters,
+    load_config,
+    stores_from_tables,
+)
+from ..stores import Incremental as IncrementalFilter
 from ._deletes import DELETED_COLUMN, DeleteLog
 from ._records import SEQ_COLUMN, STORE_COLUMN, Served
-from ._session import DEFAULT_MAX_STORES, SourceClients, StoreSlots
-from ._stores import RESOURCES, IncrementalFilter, Store, incremental_filters, stores_from_settings
+from ._session import Pulls, SourceClients
 
-__all__ = ["DEFAULT_LAG", "subscription_service"]
+__all__ = ["DEFAULT_LAG", "stores_from_file", "subscription_service"]
 
 log = logging.getLogger("asyncsubs.dlt")
 
-#: Seconds an incremental run reaches back before the high-water mark. A record changed while a
-#: run pulls may carry a stamp below the newest one that run saw (its page was read before the
-#: change), so the next run must reach back at least as far as a run lasts: an hour covers the
-#: runs of a few million records at the heavy pools' usual rates, and a run that outlasts the
-#: lag says so in a WARNING. The rows reached again are merged on their key: no duplicates.
+#: Seconds an incremental run reaches back before the high-water mark: as long as a run lasts
+#: (an hour: a few million records at the heavy pools' usual rates; docs/dlt.md, "The lag").
 DEFAULT_LAG: Final = 3600.0
-_WRITE_DISPOSITIONS: Final = ("merge", "replace")
-#: Load through parquet where the destination takes it: into DuckDB a load of 18,000 records
-#: takes 0.8 s instead of 9.4 s and peaks at a fifth of the memory (benchmarks/README.md, dlt).
-#: dlt writes parquet with pyarrow (in the ``dlt`` extra); a destination that takes no parquet
-#: gets its default format, with dlt's warning; ``pipeline.run(loader_file_format=...)`` wins.
+#: Load through parquet (written by pyarrow, in the ``dlt`` extra) where the destination takes
+#: it: into DuckDB, many times faster and at a fraction of the memory (docs/dlt.md, "Parquet").
 _PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
 
 
-def _columns(deletes: bool) -> dict[str, Any]:
-    # The columns every row holds. The id is text: the one type every id fits exactly (ints
-    # beyond 64 bits, strings), and stable across stores and runs. The serve order decides
-    # which version of a record served twice in one load the merge keeps (``Served``).
-    columns: dict[str, Any] = {
-        STORE_COLUMN: {"data_type": "text", "nullable": False},
-        "id": {"data_type": "text", "nullable": False},
-        SEQ_COLUMN: {"data_type": "bigint", "nullable": False, "dedup_sort": "desc"},
-    }
-    if deletes:
-        columns[DELETED_COLUMN] = {"data_type": "bool", "hard_delete": True}
-    return columns
-
-
-def _checked(store: str, path: str, records: list[Any]) -> list[Any]:
-    for record in records:
-        if not isinstance(record, dict) or record.get("id") is None:
-            raise ProtocolError(
-                f"GET {path}: store {store}: a record without an 'id' cannot be merged on "
-                "(store, id)",
-                method="GET",
-                path=path,
-            )
-    return records
-
-
-class _Pulls:
-    """Every store's pull of one list endpoint, a task each, pages handed over as they arrive.
-
-    Plain methods rather than an async generator: when dlt stops an extract it closes every
-    async generator of its loop at once (``shutdown_asyncgens``), the ones in use by others
-    included, and the resource's own generator is the one that must do the cleaning up."""
-
-    def __init__(self, pages: Mapping[str, AsyncIterator[Page[Any]]], slots: StoreSlots) -> None:
-        self._queue: asyncio.Queue[tuple[str, Page[Any] | None, BaseException | None]] = (
-            asyncio.Queue(maxsize=max(1, len(pages)))
-        )
-        self._slots = slots
-        self._tasks = [asyncio.create_task(self._pull(s, p)) for s, p in pages.items()]
-        self._running = len(self._tasks)
-
-    async def _pull(self, store: str, pages: AsyncIterator[Page[Any]]) -> None:
-        try:
-            async with self._slots.hold(store):
-                async for page in pages:
-                    await self._queue.put((store, page, None))
-        except Exception as exc:
-            await self._queue.put((store, None, exc))
-        else:
-            await self._queue.put((store, None, None))
-
-    async def next(self) -> tuple[str, Page[Any]] | None:
-        """The next page of any store, None when every store is done. A store's failure is
-        raised, its message naming the store: dlt fails the run, and nothing is committed."""
-        while self._running:
-            store, page, error = await self._queue.get()
-            if error is not None:
-                if isinstance(error, AsyncSubsError):
-                    error.args = (f"store {store}: {error}", *error.args[1:])
-                raise error
-            if page is not None:
-                return store, page
-            self._running -= 1
-        return None
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _param(value: Any) -> Any:
-    """A high-water value as a query parameter (a datetime given as ``initial_value``)."""
-    if isinstance(value, datetime.datetime | datetime.date):
-        return value.isoformat()
-    return value
-
-
 def _resource(
-    name: str,
     path: str,
     clients: SourceClients,
-    stores: Sequence[Store],
     incremental: IncrementalFilter | None,
     lag: float,
     deletes: DeleteLog | None,
     write_disposition: str,
 ) -> DltResource:
     """The resource of one list endpoint: every store that serves it, pulled at once."""
-
-    # One generator function for both kinds: dlt binds an incremental given as the default of
-    # an argument annotated with it, and passes None where the default is None.
-    # No boundary de-duplication (primary_key=()): dlt's drops a record pulled again at the
-    # high-water mark as already seen even when it changed again within that instant; the merge
-    # on (store, id) de-duplicates instead, keeping the newest.
-    default: Incremental[Any] | None = (
-        None
-        if incremental is None
-        else dlt.sources.incremental(
+    name = path.strip("/").replace("/", "_")
+    stores = [s for s in clients.stores if s.pulls(path)]
+    # dlt binds an incremental given as an argument's default (None: none). No boundary
+    # de-duplication (primary_key=()): it would drop a record changed again within the mark's
+    # instant as already seen; the merge on (store, id) keeps the newest instead.
+    default: Incremental[Any] | None = None
+    if incremental is not None:
+        default = dlt.sources.incremental(
             incremental.field, lag=lag, primary_key=(), on_cursor_value_missing="include"
         )
-    )
 
     async def pull(
         updated: Incremental[Any] | None = default,
     ) -> AsyncIterator[list[dict[str, Any]]]:
-        # Runs on dlt's extract loop: the state is read with the resource's name, as dlt asks of
-        # async resources.
+        # On dlt's extract loop: an async resource names itself to read its state.
         state = dlt.current.resource_state(name)
         learned = dlt.current.source_state().setdefault("learned", {})
         started = time.monotonic()
         served = Served(None if incremental is None else incremental.field)
-        drop: set[tuple[str, str]] = set()
-        last_seq = seq = int(state.get("deletes_seq", 0))
-        if deletes is not None:
-            found = await asyncio.to_thread(deletes.since, seq, path)
-            if found:
-                gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
-                served.number(gone)
-                yield gone
-                drop = {(d.store, str(d.id)) for d in found}
-                last_seq = found[-1].seq
-        start = None if updated is None else _param(updated.start_value)
+        seq = int(state.get("deletes_seq", 0))
+        found = [] if deletes is None else await asyncio.to_thread(deletes.since, seq, path)
+        if found:
+            gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
+            served.number(gone)
+            yield gone
+        drop = {(d.store, str(d.id)) for d in found}
+        start = None if updated is None else updated.start_value
+        if isinstance(start, datetime.datetime | datetime.date):  # a datetime initial_value
+            start = start.isoformat()
         known = set(state.get("stores", ()))
         fresh = [s.name for s in stores if s.name not in known]
         if updated is not None and start is not None and fresh:
-            # The high-water mark is the resource's; a store it has never pulled needs its whole
-            # history, which the mark's filter would drop. This run passes pages unfiltered and
-            # leaves the mark where it was.
+            # A store the resource never pulled needs its whole history, which the mark would
+            # filter out: this run passes pages unfiltered and leaves the mark where it was.
             log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
             updated.advance(None)
-        pulled: set[str] = set()
-        async with clients.open(learned) as session:
-            pages = {}
-            for store in stores:
-                params = {}
-                if incremental is not None and start is not None and store.name in known:
-                    params[incremental.param] = start
-                unit = Unit(session.clients[store.name], store.name, path)
-                pages[store.name] = unit.pages(page_size=store.page_size, params=params)
-            pulls = _Pulls(pages, session.slots)
-            try:
-                while (item := await pulls.next()) is not None:
-                    store_name, page = item
-                    records = _checked(store_name, path, page.data)
-                    if drop:
-                        records = [r for r in records if (store_name, str(r["id"])) not in drop]
-                    if records and (page_rows := served.rows(store_name, records)):
-                        yield page_rows
-                    if page.next_cursor is None:
-                        pulled.add(store_name)
-            finally:
-                await pulls.aclose()
-        # Written only now, and committed by dlt only with the load: a failed run changes none.
+        since = {} if incremental is None or start is None else {incremental.param: start}
+        run = await clients.enter(learned)
+        pages = {}
+        for store in stores:
+            unit = Unit(run.clients[store.name], store.name, path)
+            params = since if store.name in known else None
+            pages[store.name] = unit.pages(page_size=store.page_size, params=params)
+        pulls = Pulls(run, pages)
+        try:
+            async for store_name, page in pulls:
+                if any(not isinstance(r, dict) or r.get("id") is None for r in page.data):
+                    raise ProtocolError(
+                        f"GET {path}: store {store_name}: a record without an 'id' cannot be "
+                        "merged on (store, id)",
+                        method="GET",
+                        path=path,
+                    )
+                records = page.data
+                if drop:
+                    records = [r for r in records if (store_name, str(r["id"])) not in drop]
+                if page_rows := served.rows(store_name, records):
+                    yield page_rows
+        finally:
+            await pulls.aclose()
+            await clients.leave(run)
+        # Every store pulled to its last page. Written only now, and committed by dlt only with
+        # the load: a failed run changes none.
         if updated is not None:
-            state["stores"] = sorted(known | pulled)
-        if last_seq != seq:
-            state["deletes_seq"] = last_seq
+            state["stores"] = sorted(known | {s.name for s in stores})
+        if found:
+            state["deletes_seq"] = found[-1].seq
         if served.dropped:
             log.info(
                 "%s: %d records were served again in an older version; the newer one is kept",
@@ -222,42 +144,73 @@ def _resource(
                 math.ceil(2 * took),
             )
 
+    # The id is text: every id fits it exactly (ints beyond 64 bits, strings), in every store.
+    columns: dict[str, Any] = {
+        STORE_COLUMN: {"data_type": "text", "nullable": False},
+        "id": {"data_type": "text", "nullable": False},
+        SEQ_COLUMN: {"data_type": "bigint", "nullable": False, "dedup_sort": "desc"},
+    }
+    if deletes is not None:
+        columns[DELETED_COLUMN] = {"data_type": "bool", "hard_delete": True}
     hints: dict[str, Any] = {
         "name": name,
         "table_name": name,
         "primary_key": (STORE_COLUMN, "id"),
         "write_disposition": write_disposition,
-        "columns": _columns(deletes is not None),
+        "columns": columns,
+        "file_format": "parquet" if _PARQUET else None,
     }
-    if _PARQUET:
-        hints["file_format"] = "parquet"
     return dlt.resource(pull, **hints)
 
 
-def _resource_name(path: str) -> str:
-    return path.strip("/").replace("/", "_")
-
-
-def _incremental_by_resource(
-    paths: Sequence[str], stores: Sequence[Store], given: Mapping[str, IncrementalFilter]
-) -> dict[str, IncrementalFilter]:
-    """One filter per resource (dlt keeps one high-water mark per resource): the argument's,
-    else the stores' own, which must then agree."""
-    found: dict[str, IncrementalFilter] = {}
-    for path in paths:
-        if path in given:
-            found[path] = given[path]
-            continue
-        filters = {s.incremental[path] for s in stores if path in s.incremental}
-        if len(filters) > 1:
+def _stores(
+    stores: object, base_url: str | None, token: str | None, store: str | None, path: str | None
+) -> list[Store]:
+    """The stores of one of the source's three forms: ``stores`` (``Store``s, or a table of
+    tables from dlt's config), ``base_url`` + ``token`` (one store), or a stores file."""
+    forms = {"stores": stores, "base_url": base_url, "stores_file": path}
+    given = [form for form, value in forms.items() if value is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "subscription_service needs exactly one of: stores (Store objects, or a "
+            "[sources.subscription_service.stores.<name>] table in .dlt/secrets.toml), "
+            "base_url with token (one store), or stores_file (the stores.toml of asyncsubs "
+            f"sync); got {', '.join(given) or 'none'}"
+        )
+    if path is not None:
+        return stores_from_file(path)
+    if base_url is not None:
+        if not token:
             raise ConfigError(
-                f"incremental.{path}: the stores configure different filters "
-                f"({sorted(map(str, filters))}); one resource has one high-water mark, so "
-                "give one filter for all stores (the incremental argument)"
+                "token is required with base_url: sources.subscription_service.token in "
+                ".dlt/secrets.toml, or SOURCES__SUBSCRIPTION_SERVICE__TOKEN"
             )
-        if filters:
-            found[path] = filters.pop()
+        # Unnamed, the store is called as a client calls it (a fingerprint of URL and token).
+        name = store or store_fingerprint(versioned_base(base_url, DEFAULT_VERSION), token)
+        return [Store(name=name, base_url=base_url, token=token)]
+    if isinstance(stores, Store):
+        stores = [stores]
+    if isinstance(stores, Mapping):
+        own = {name: table for name, table in stores.items() if not isinstance(table, Store)}
+        tables = iter(stores_from_tables(own) if own else ())
+        found = [t if isinstance(t, Store) else next(tables) for t in stores.values()]
+    elif isinstance(stores, Sequence) and not isinstance(stores, str | bytes):
+        found = list(stores)
+        if not all(isinstance(s, Store) for s in found):
+            raise ConfigError("stores must be Store objects or a table of store tables")
+    else:
+        raise ConfigError(f"stores must be Store objects or a table of tables, got {stores!r}")
+    if not found:
+        raise ConfigError("stores is empty")
+    if len({s.name for s in found}) != len(found):
+        raise ConfigError(f"store names must be unique, got {[s.name for s in found]}")
     return found
+
+
+def stores_from_file(path: str | os.PathLike[str]) -> list[Store]:
+    """The stores of a ``stores.toml`` as ``asyncsubs sync`` reads it (tokens from the
+    environment variables it names); ConfigError listing every problem otherwise."""
+    return load_config(Path(path), os.environ)
 
 
 @dlt.source(name="subscription_service")
@@ -281,12 +234,10 @@ def subscription_service(
     """Subscriptions, customers and orders (and any other list endpoint) of one store or many.
 
     Args:
-        stores: ``Store`` objects, or (from ``.dlt/secrets.toml``) a table of store tables,
-            each with ``base_url`` and ``token``.
-        base_url, token, store: one store (``token`` is a secret: ``sources.
-            subscription_service.token``); ``store`` names it (default: a fingerprint).
-        stores_file: the ``stores.toml`` of ``asyncsubs sync`` (tokens from the variables it
-            names).
+        stores: ``Store`` objects, or (from ``.dlt/secrets.toml``) a table of store tables.
+        base_url, token, store: one store (``token`` a secret); ``store`` names it (default:
+            a fingerprint).
+        stores_file: the ``stores.toml`` of ``asyncsubs sync`` (tokens from its variables).
         resources: which of the interface's list endpoints to load.
         list_paths: other list endpoints with the same pagination (records as sent).
         incremental: ``{resource: {"param": ..., "field": ...}}``, the server's updated-since
@@ -294,14 +245,12 @@ def subscription_service(
         lag: seconds an incremental run reaches back before the high-water mark.
         redis_url: pace every store through ``RedisLimiter`` there (a store's ``redis`` wins).
         deletes: a ``DeleteLog`` file: its deletes become dlt hard deletes.
-        write_disposition: ``"merge"`` on (``store``, ``id``), or ``"replace"`` (every run
-            reloads the tables whole; deleted records go with the old rows).
+        write_disposition: ``"merge"`` on (``store``, ``id``), or ``"replace"`` (each run
+            reloads the tables whole).
         max_stores: stores pulling at once (each holds an HTTP session and its connections).
     """
-    found = stores_from_settings(
-        stores=stores, base_url=base_url, token=token, store=store, stores_file=stores_file
-    )
-    if write_disposition not in _WRITE_DISPOSITIONS:
+    found = _stores(stores, base_url, token, store, stores_file)
+    if write_disposition not in ("merge", "replace"):
         raise ConfigError(
             f"write_disposition must be 'merge' or 'replace', got {write_disposition!r}"
         )
@@ -314,8 +263,20 @@ def subscription_service(
         )
     if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
         raise ConfigError(f"lag must be a number of seconds >= 0, got {lag!r}")
+    # One filter per resource (dlt keeps one high-water mark per resource): the argument's,
+    # else the stores' own, which must then agree.
     given = incremental_filters(incremental, "incremental")
-    filters = _incremental_by_resource(wanted, found, given)
+    filters = {}
+    for path in wanted:
+        own = {s.incremental[path] for s in found if path in s.incremental}
+        if path not in given and len(own) > 1:
+            raise ConfigError(
+                f"incremental.{path}: the stores configure different filters "
+                f"({sorted(map(str, own))}); one resource has one high-water mark, so "
+                "give one filter for all stores (the incremental argument)"
+            )
+        if path in given or own:
+            filters[path] = given.get(path) or own.pop()
     if filters and write_disposition == "replace":
         raise ConfigError(
             "write_disposition='replace' with incremental: each run would replace the tables "
@@ -328,20 +289,7 @@ def subscription_service(
         raise ConfigError(f"max_stores must be a whole number >= 1, got {max_stores!r}")
     redis = None if redis_url is None else check_redis_url(str(redis_url), where="redis_url")
     clients = SourceClients(found, wanted, redis, max_stores)
-    # Settings each client will be made with, checked now (no I/O): a bad URL or token fails
-    # here rather than inside the extract.
-    for s in found:
-        clients.check(s)
     return [
-        _resource(
-            _resource_name(path),
-            path,
-            clients,
-            [s for s in found if s.pulls(path)],
-            filters.get(path),
-            float(lag),
-            log_,
-            write_disposition,
-        )
+        _resource(path, clients, filters.get(path), float(lag), log_, write_disposition)
         for path in wanted
     ]
