@@ -1,16 +1,17 @@
-"""A sync's webhooks as the displays and summaries show them: every store's counters together,
-refusals by store and reason, and the line that says what to check after a first refusal."""
+"""A sync's webhooks as the displays and summaries show them: each store's figures, every
+store's together, and the line that says what to check after a first refusal."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-from ..sync import WebhookCounts, WebhookRefused
+from ..stores import WebhookCounts, WebhookRefused
 from ._progress import plural
 
-__all__ = ["WebhookTotals", "by_reason", "refusal_line", "refusals", "refused", "webhook_totals"]
+__all__ = ["WebhookTotals", "by_reason", "refusal_line", "webhook_figures", "webhook_totals"]
 
 
 @attrs.frozen
@@ -41,18 +42,26 @@ class WebhookTotals:
         return line
 
 
-def refusals(counts: WebhookCounts) -> dict[str, int]:
-    """A store's refused deliveries by reason: a ``Refusal`` value (401, 403, 400), or
-    ``too_large`` (413)."""
-    stats = counts.receiver
-    found = dict(stats.refusals)
-    if stats.too_large:
-        found["too_large"] = stats.too_large
-    return found
-
-
-def refused(counts: WebhookCounts) -> int:
-    return sum(refusals(counts).values())
+def webhook_figures(counts: WebhookCounts) -> dict[str, Any]:
+    """One store's webhooks, as its summary row and JSON show them; ``refusals``: by reason, a
+    ``Refusal`` value (401, 403, 400) or ``too_large`` (413)."""
+    receiver = counts.receiver
+    refusals = dict(receiver.refusals)
+    if receiver.too_large:
+        refusals["too_large"] = receiver.too_large
+    return {
+        "accepted": receiver.accepted,
+        "duplicates": receiver.duplicates,
+        "applied": counts.applied,
+        "deletes": counts.deletes,
+        "stale": counts.stale,
+        "ignored": counts.ignored,
+        "refused": sum(refusals.values()),
+        "refusals": refusals,
+        "dead_letters": receiver.dead_lettered,
+        "kept": receiver.unfinished,
+        "lost": receiver.unsaved,
+    }
 
 
 def by_reason(counts: Mapping[str, int]) -> str:
@@ -70,15 +79,10 @@ def refusal_line(event: WebhookRefused) -> str:
 
 
 def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
-    counts = list(hooks.values())
-    return WebhookTotals(
-        accepted=sum(c.receiver.accepted for c in counts),
-        duplicates=sum(c.receiver.duplicates for c in counts),
-        applied=sum(c.applied for c in counts),
-        deletes=sum(c.deletes for c in counts),
-        stale=sum(c.stale for c in counts),
-        ignored=sum(c.ignored for c in counts),
-        dead_letters=sum(c.receiver.dead_lettered for c in counts),
-        refused=sum(refused(c) for c in counts),
-        refusals={c.store: refusals(c) for c in counts if refused(c)},
-    )
+    figures = {store: webhook_figures(counts) for store, counts in hooks.items()}
+    totals: dict[str, Any] = {
+        field.name: sum(f[field.name] for f in figures.values())
+        for field in attrs.fields(WebhookTotals)[:-1]
+    }
+    refusals = {store: f["refusals"] for store, f in figures.items() if f["refused"]}
+    return WebhookTotals(**totals, refusals=refusals)
