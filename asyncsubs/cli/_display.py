@@ -35,8 +35,8 @@ from ..stores import (
 )
 from ._output import Output, json_line
 from ._progress import COLUMNS, Progress, UnitRow, cells, learned_text, per_second, plural
+from ._summaries import WebhookTotals, refusal_line, webhook_totals
 from ._tables import format_table, rich_available
-from ._webhooks import WebhookTotals, refusal_line, webhook_totals
 
 __all__ = ["DEFAULT_INTERVAL", "Mode", "choose_mode", "show_progress"]
 
@@ -47,6 +47,8 @@ LIVE_HEADERS: Final = tuple(column for column in COLUMNS if column != "rows")
 # Running and failed rows first, so a sync of many stores shows what matters in one screen.
 _ORDER: Final = {"running": 0, "failed": 1, "waiting": 2, "interrupted": 3, "done": 4}
 _STYLES: Final = {"done": "green", "failed": "bold red", "interrupted": "yellow"}
+#: What a pool learned, as the fields of a JSON line.
+_LEARNED: Final = ("rate", "rate_by", "ceiling_found", "page_size", "page_size_by")
 #: What the live table shows in its rows rather than as lines.
 _ROW_EVENTS: Final = ("start", "resume", "done", "failed")
 
@@ -120,16 +122,9 @@ def describe(
     if isinstance(event, UnitNote):
         return "warning", "note", f"{row.key}: {event.message}", {"message": event.message}
     if isinstance(event, PoolLearned):
-        stats, said = event.stats, learned_text(event.stats)
-        learned = {
-            "message": said,
-            "rate": stats.rate,
-            "rate_by": stats.rate_by,
-            "ceiling_found": stats.ceiling_found,
-            "page_size": stats.page_size,
-            "page_size_by": stats.page_size_by,
-        }
-        return "info", "learned", f"{row.key}: {said}", learned
+        said = learned_text(event.stats)
+        learned = {name: getattr(event.stats, name) for name in _LEARNED}
+        return "info", "learned", f"{row.key}: {said}", {"message": said, **learned}
     return None
 
 

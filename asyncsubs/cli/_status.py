@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import collections
 import sys
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import attrs
 
@@ -33,6 +33,19 @@ def add_parser(commands: Any) -> None:
     )
     report_options(status)
     status.set_defaults(handler=cmd_sync_status, debug=False)
+
+
+_HEADERS: Final = (
+    "store",
+    "resource",
+    "state",
+    "holder",
+    "lease",
+    "records",
+    "pages",
+    "cursor age",
+    "error",
+)
 
 
 def _age(seconds: float) -> str:
@@ -75,26 +88,11 @@ def cmd_sync_status(
         document = {"database": sink.where, "units": units_json, "states": dict(counts)}
         print_json(document, stream=stream or sys.stdout)
         return 0
-    print_table(
-        "sync units",
-        [
-            "store",
-            "resource",
-            "state",
-            "holder",
-            "lease",
-            "records",
-            "pages",
-            "cursor age",
-            "error",
-        ],
-        rows,
-        stream=stream or sys.stdout,
-        footer=[
-            f"{plural(len(rows), 'unit')} in {sink.where}: "
-            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-            + " (records, pages: the unit's current or last run; lease: left before another "
-            "worker may take it over, negative: expired; cursor age: since its last commit)"
-        ],
+    footer = (
+        f"{plural(len(rows), 'unit')} in {sink.where}: "
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + " (records, pages: the unit's current or last run; lease: left before another "
+        "worker may take it over, negative: expired; cursor age: since its last commit)"
     )
+    print_table("sync units", _HEADERS, rows, stream=stream or sys.stdout, footer=[footer])
     return 0

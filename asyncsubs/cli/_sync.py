@@ -2,28 +2,31 @@
 
 The command reads ``--db`` and the config file (every problem before any request), holds the
 database (SQLite: one sync at a time), and runs one round of ``asyncsubs.sync`` with its
-progress shown; ``--listen`` keeps it running with webhooks (``_listen``).
+progress shown; ``--listen`` keeps it running with webhooks (``asyncsubs.sync.ListenSync``),
+the receivers' warnings shown among the progress.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Sequence
-from logging import NullHandler
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from ..errors import ConfigError
-from ..stores import DEFAULT_MAX_STORES, RESOURCES, check_redis_url, load_config
+from ..stores import DEFAULT_MAX_STORES, RESOURCES, Message, Store, check_redis_url, load_config
 from ..sync import (
     DEFAULT_DB_TIMEOUT,
     DEFAULT_LEASE,
     DEFAULT_RECONCILE_EVERY,
+    ListenSync,
+    Sink,
     SyncEngine,
     run_round,
     sink_for,
@@ -39,11 +42,10 @@ from ._common import (
     positive_float,
     positive_int,
 )
-from ._listen import listen, listen_address
 from ._output import Output, logging_to
 from ._summaries import summarise
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "parse_listen"]
 
 
 def _resource_list(values: Sequence[str] | None) -> list[str] | None:
@@ -144,6 +146,72 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     sync.set_defaults(handler=cmd_sync)
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: any free port) -> (host, port)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"--listen takes HOST:PORT (e.g. 0.0.0.0:8080), got {text!r}")
+    return host, int(port_text)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    try:
+        return parse_listen(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _ReceiverLog(logging.Handler):
+    """The receivers' warnings and errors (failed and dead-lettered events, bodies too large)
+    as one line each among the progress, without traceback (--debug has them). They stay log
+    records: that is how the receivers speak to any application. A refused delivery is left
+    out: the display shows its ``WebhookRefused`` event, with the keys to check."""
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__(logging.WARNING)
+        self.runner = runner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "webhook_refusal", None) is not None:
+            return
+        try:
+            text = " ".join(record.getMessage().split())
+            if self.runner.progress.shown:
+                self.runner.progress(Message(f"{record.levelname.lower()}: {text}"))
+            elif record.levelno >= logging.ERROR:  # --quiet: errors only
+                self.runner.out.error(text)
+        except Exception:
+            self.handleError(record)
+
+
+def listen(
+    args: argparse.Namespace, stores: Sequence[Store], sink: Sink, runner: Runner
+) -> Callable[[], Awaitable[None]]:
+    """The coroutine of ``sync --listen``: it runs until stopped, so it ends only by a signal
+    or a failure."""
+    host, port = args.listen
+    every = DEFAULT_RECONCILE_EVERY if args.reconcile_every is None else args.reconcile_every
+
+    async def run() -> None:
+        listening = ListenSync(
+            stores, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
+        )
+        # With --debug the library's own log lines show the receivers'.
+        log = _ReceiverLog(runner)
+        with contextlib.nullcontext() if args.debug else logging_to("asyncsubs.webhooks", log):
+            async with listening:
+                try:
+                    await listening.run(host, port, every)
+                except ConfigError as exc:
+                    if exc.key != "listen":
+                        raise
+                    raise ConfigError(exc.problem, key="--listen", sep=" ") from None
+
+    return run
+
+
 def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     sink = sink_for(args.db, lease=args.lease, timeout=args.db_timeout)
     if args.listen is None and args.reconcile_every is not None:
@@ -173,7 +241,9 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
 
     # psycopg's pool logs each failed connection attempt as a bare line; the command says what
     # they mean in its own lines, so they are shown only with --debug.
-    drivers = contextlib.nullcontext() if args.debug else logging_to("psycopg", NullHandler())
+    drivers = (
+        contextlib.nullcontext() if args.debug else logging_to("psycopg", logging.NullHandler())
+    )
     with sink.lock(), drivers:
         try:
             runner.run(listen(args, stores, sink, runner) if listening else sync)
