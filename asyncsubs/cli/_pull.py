@@ -1,13 +1,9 @@
 """``asyncsubs pull RESOURCE``: one resource of one store as JSON Lines, on stdout or ``-o FILE``.
 
-Unless ``--rate`` and ``--page-size`` pin them, the resource's pool finds its rate and the pull
-the largest page the server serves (``Limits(discover=True)``, ``page_size="max"``), starting
-from what earlier pulls of the store learned (``asyncsubs.stores.LearnedFile``, in the cache).
-The store is ``--store``, else the base URL's host: its name for pacing, learned limits and
-progress alike.
-
-With ``-o FILE``, a checkpoint beside it (``_checkpoint``) lets a rerun of the same command
-continue after the last whole page written.
+Unless ``--rate`` and ``--page-size`` pin them, the pool finds its rate and the pull the largest
+page the server serves, starting from what earlier pulls of the store learned (``LearnedFile``,
+in the cache). The store is ``--store``, else the base URL's host. With ``-o FILE``, a
+checkpoint beside it (``_checkpoint``) lets a rerun continue after the last whole page written.
 """
 
 from __future__ import annotations
@@ -149,11 +145,11 @@ class Pull:
         self.clients = StoreClients(
             LearnedFile(out.warning), user_agent=USER_AGENT, note=out.warning
         )
-        self.unit: Unit  # the store's opened client's, from pull()
+        self.unit: Unit  # set by pull(), on the opened client
         # A client refuses bad settings before any request; it names the checkpoint's pull.
         client = self.clients.client(self.store)
         self.params: dict[str, str] = dict(args.param or ())
-        self.identity = {
+        self.identity: dict[str, Any] = {
             "resource": args.resource,
             "base_url": client.base_url,
             "credentials": client.fingerprint,
@@ -166,18 +162,18 @@ class Pull:
         if self.path is not None:
             self.file, self.checkpoint = open_output(self.path, self.identity, restart=args.restart)
         saved = self.checkpoint
-        self.before = 0 if saved is None else saved.records
-        self.pages_before = 0 if saved is None else saved.pages
+        #: Records and pages in the output, those written before resuming included.
+        self.records = self.before = 0 if saved is None else saved.records
+        self.pages = 0 if saved is None else saved.pages
         #: The cursor after the last page written (None: nothing to continue).
         self.cursor: str | None = args.after_cursor if saved is None else saved.cursor
-        self.records = self.pages = 0
         self.runner = Runner(args, out)
         if self.runner.mode == "rich" and self.file is None and sys.stdout.isatty():
             self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
 
     def _store(self) -> Store:
-        """The store the flags name, every setting checked first: a usage error exits 2 before
-        any request."""
+        """The store the flags name, every setting checked: a usage error exits 2 before any
+        request."""
         args, env = self.args, os.environ
         token = args.token if args.token is not None else env.get("ASYNCSUBS_TOKEN")
         base_url = args.base_url if args.base_url is not None else env.get("ASYNCSUBS_BASE_URL")
@@ -226,8 +222,8 @@ class Pull:
                 **self.identity,
                 cursor=self.cursor,
                 offset=self.file.tell(),
-                records=self.before + self.records,
-                pages=self.pages_before + self.pages,
+                records=self.records,
+                pages=self.pages,
             ).save(self.path)
         except OSError as exc:
             path = PullCheckpoint.path_for(self.path)
@@ -239,7 +235,7 @@ class Pull:
         async with client:
             self.unit = unit = Unit(client, self.store.name, args.resource, self.runner.progress)
             unit.start(resumed=self.checkpoint is not None, records_before=self.before)
-            if limit is not None and self.before >= limit:
+            if limit is not None and self.records >= limit:
                 self.cursor = None
                 self._save()
                 unit.done()
@@ -252,11 +248,10 @@ class Pull:
                     params=self.params,
                     prefetch=None if limit is None else 0,
                 ):
-                    room = None if limit is None else limit - self.before - self.records
+                    room = None if limit is None else limit - self.records
                     records = page.data[:room]
                     self._write(records)
-                    self.records += len(records)
-                    self.pages += 1
+                    self.records, self.pages = self.records + len(records), self.pages + 1
                     done = room is not None and len(records) >= room
                     self.cursor = None if done else page.next_cursor
                     self._save()
@@ -281,7 +276,7 @@ class Pull:
             self.runner.run(self.pull)
         except CommandFailed as exc:
             if exc.code != 1 and (how := self._how_to_continue()):
-                self.out.note(f"interrupted after {self._written()}; {how}")
+                self.out.note(f"interrupted after {plural(self.records, 'record')}; {how}")
             raise
         except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error of ours
             silence_stdout()
@@ -298,17 +293,16 @@ class Pull:
             plain = self.runner.mode in ("plain", "json")
             lines = [] if plain else [f"{row.store}, {row.resource}: {row.error}"]
             if how := self._how_to_continue():
-                lines.append(f"{self._written()} written; {how}")
+                lines.append(f"{plural(self.records, 'record')} written; {how}")
             raise CommandFailed(lines)
         if not self.args.quiet:
-            total, stats = self.before + self.records, row.stats
             before = f", {plural(self.before, 'record')} of them before resuming"
-            learned = learned_text(stats)
+            learned = learned_text(row.stats)
             self.out.note(
-                f"{plural(total, self.args.resource[:-1])} in "
-                f"{plural(self.pages_before + self.pages, 'page')} ({row.elapsed():.1f}s)"
+                f"{plural(self.records, self.args.resource[:-1])} in "
+                f"{plural(self.pages, 'page')} ({row.elapsed():.1f}s)"
                 + (before if self.before else "")
-                + self._rate_limited(stats, row.allowed)
+                + self._rate_limited(row.stats, row.allowed)
                 + (f"; {self.args.resource}: {learned}" if learned else "")
             )
         return EXIT_OK
@@ -323,12 +317,9 @@ class Pull:
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
         return f"{said}: the server allowed about {1 / stats.interval:.2f} requests/s{configured}"
 
-    def _written(self) -> str:
-        return plural(self.before + self.records, "record")
-
     def _how_to_continue(self) -> str | None:
         """How to continue a pull stopped with pages written (None: nothing to continue)."""
-        if not self.cursor or not (self.pages or self.checkpoint is not None):
+        if not self.cursor or not self.pages:
             return None
         if self.path is not None:
             return "rerun the same command to continue (--restart starts over)"
