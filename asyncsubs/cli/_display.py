@@ -17,7 +17,7 @@ import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, Final, Literal, NamedTuple
 
 import attrs
 
@@ -96,35 +96,43 @@ def live_row(row: UnitRow, now: float) -> list[str]:
     return cells(row, LIVE_HEADERS, now)
 
 
-def describe(
-    event: Event, row: UnitRow | None, verbose: bool
-) -> tuple[str, str, str, dict[str, Any]] | None:
-    """An event the lines show: its level, JSON event name, plain line and JSON fields."""
+class Said(NamedTuple):
+    """An event as the displays show it: its level and name in JSON, its plain line, and the
+    fields of its JSON line besides the unit's figures."""
+
+    level: str
+    event: str
+    text: str
+    fields: dict[str, Any]
+
+
+def describe(event: Event, row: UnitRow | None, verbose: bool) -> Said | None:
+    """What the lines show of ``event`` (None: nothing)."""
     if isinstance(event, Message):
-        return "info", "message", event.text, {"message": event.text}
+        return Said("info", "message", event.text, {"message": event.text})
     if isinstance(event, WebhookRefused):
-        return "warning", "webhook_refused", refusal_line(event), attrs.asdict(event)
+        return Said("warning", "webhook_refused", refusal_line(event), attrs.asdict(event))
     if row is None:
         return None
     if isinstance(event, UnitStarted):
         begun = "resuming from its saved cursor" if row.resumed else "starting"
-        return "info", "resume" if row.resumed else "start", f"{row.key}: {begun}", {}
+        return Said("info", "resume" if row.resumed else "start", f"{row.key}: {begun}", {})
     if isinstance(event, UnitDone):
         rows = (
             "" if row.rows is None else f"; {plural(row.rows, 'row')} in the table for this store"
         )
         done = f"{plural(row.records, 'record')} in {plural(row.pages, 'page')}"
-        return "info", "done", f"{row.key}: done, {done} ({row.elapsed():.1f}s){rows}", {}
+        return Said("info", "done", f"{row.key}: done, {done} ({row.elapsed():.1f}s){rows}", {})
     if isinstance(event, UnitFailed):
-        return "error", "failed", f"{row.key}: FAILED: {row.error}", {}
+        return Said("error", "failed", f"{row.key}: FAILED: {row.error}", {})
     if isinstance(event, Retrying) and verbose:
-        return "warning", "retry", f"{row.key}: {retry_line(event)}", {}
+        return Said("warning", "retry", f"{row.key}: {retry_line(event)}", {})
     if isinstance(event, UnitNote):
-        return "warning", "note", f"{row.key}: {event.message}", {"message": event.message}
+        return Said("warning", "note", f"{row.key}: {event.message}", {"message": event.message})
     if isinstance(event, PoolLearned):
         said = learned_text(event.stats)
         learned = {name: getattr(event.stats, name) for name in _LEARNED}
-        return "info", "learned", f"{row.key}: {said}", {"message": said, **learned}
+        return Said("info", "learned", f"{row.key}: {said}", {"message": said, **learned})
     return None
 
 
@@ -138,25 +146,23 @@ class PlainLines:
         self.out = Output(stream=stream)
         self._last_webhooks: WebhookTotals | None = None
 
-    def show(
-        self, row: UnitRow | None, level: str, event: str, text: str, fields: dict[str, Any]
-    ) -> None:
-        self.out.write(f"[{time.monotonic() - self.progress.started:7.1f}s] {text}")
+    def show(self, row: UnitRow | None, said: Said) -> None:
+        self.out.write(f"[{time.monotonic() - self.progress.started:7.1f}s] {said.text}")
 
     def __call__(self, event: Event, row: UnitRow | None) -> None:
         if (said := describe(event, row, self.verbose)) is not None:
-            self.show(row, *said)
+            self.show(row, said)
 
     def tick(self) -> None:
         now = time.monotonic()
         for row in self.progress.rows.values():
             if row.state == "running":
-                self.show(row, "info", "progress", progress_line(row, now), {})
+                self.show(row, Said("info", "progress", progress_line(row, now), {}))
         totals = webhook_totals(self.progress.webhooks)
         # Only when something changed: an idle listener should not fill the log.
         if self.progress.webhooks and totals != self._last_webhooks:
             self._last_webhooks = totals
-            self.show(None, "info", "webhooks", totals.line(), attrs.asdict(totals))
+            self.show(None, Said("info", "webhooks", totals.line(), attrs.asdict(totals)))
 
     async def run(self) -> None:
         while True:
@@ -168,12 +174,10 @@ class JsonLines(PlainLines):
     """``--log-format json``: the plain lines' events as one JSON object per line (time,
     level, store, resource, event and the figures), for log collectors."""
 
-    def show(
-        self, row: UnitRow | None, level: str, event: str, text: str, fields: dict[str, Any]
-    ) -> None:
+    def show(self, row: UnitRow | None, said: Said) -> None:
         where = {} if row is None else {"store": row.store, "resource": row.resource}
         figures = {} if row is None else row.figures()
-        self.out.write(json_line(level, event, **where, **figures, **fields))
+        self.out.write(json_line(said.level, said.event, **where, **figures, **said.fields))
 
 
 class LiveTable(PlainLines):
@@ -219,13 +223,11 @@ class LiveTable(PlainLines):
         text.append(f"{self.progress.records:,} records{more}", style="dim")
         return text
 
-    def show(
-        self, row: UnitRow | None, level: str, event: str, text: str, fields: dict[str, Any]
-    ) -> None:
+    def show(self, row: UnitRow | None, said: Said) -> None:
         # Starts and finishes show in the next refresh; what a pool learned shows in its
         # columns, and with -v as each change's line too.
-        if event not in _ROW_EVENTS and (event != "learned" or self.verbose):
-            self.live.console.print(text, highlight=False)
+        if said.event not in _ROW_EVENTS and (said.event != "learned" or self.verbose):
+            self.live.console.print(said.text, highlight=False)
 
     def tick(self) -> None:
         self.live.update(self._render(), refresh=True)

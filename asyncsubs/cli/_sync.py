@@ -13,20 +13,19 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from ..errors import ConfigError
-from ..stores import DEFAULT_MAX_STORES, RESOURCES, Message, Store, check_redis_url, load_config
+from ..stores import DEFAULT_MAX_STORES, RESOURCES, Message, check_redis_url, load_config
 from ..sync import (
     DEFAULT_DB_TIMEOUT,
     DEFAULT_LEASE,
     DEFAULT_RECONCILE_EVERY,
     ListenSync,
-    Sink,
     SyncEngine,
     run_round,
     sink_for,
@@ -186,32 +185,6 @@ class _ReceiverLog(logging.Handler):
             self.handleError(record)
 
 
-def listen(
-    args: argparse.Namespace, stores: Sequence[Store], sink: Sink, runner: Runner
-) -> Callable[[], Awaitable[None]]:
-    """The coroutine of ``sync --listen``: it runs until stopped, so it ends only by a signal
-    or a failure."""
-    host, port = args.listen
-    every = DEFAULT_RECONCILE_EVERY if args.reconcile_every is None else args.reconcile_every
-
-    async def run() -> None:
-        listening = ListenSync(
-            stores, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
-        )
-        # With --debug the library's own log lines show the receivers'.
-        log = _ReceiverLog(runner)
-        with contextlib.nullcontext() if args.debug else logging_to("asyncsubs.webhooks", log):
-            async with listening:
-                try:
-                    await listening.run(host, port, every)
-                except ConfigError as exc:
-                    if exc.key != "listen":
-                        raise
-                    raise ConfigError(exc.problem, key="--listen", sep=" ") from None
-
-    return run
-
-
 def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     sink = sink_for(args.db, lease=args.lease, timeout=args.db_timeout)
     if args.listen is None and args.reconcile_every is not None:
@@ -239,6 +212,23 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
         async with sink, engine:
             await run_round(engine)
 
+    async def listen() -> None:  # runs until stopped: it ends only by a signal or a failure
+        host, port = args.listen
+        every = DEFAULT_RECONCILE_EVERY if args.reconcile_every is None else args.reconcile_every
+        listening = ListenSync(
+            stores, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
+        )
+        # With --debug the library's own log lines show the receivers'.
+        log = _ReceiverLog(runner)
+        with contextlib.nullcontext() if args.debug else logging_to("asyncsubs.webhooks", log):
+            async with listening:
+                try:
+                    await listening.run(host, port, every)
+                except ConfigError as exc:
+                    if exc.key != "listen":
+                        raise
+                    raise ConfigError(exc.problem, key="--listen", sep=" ") from None
+
     # psycopg's pool logs each failed connection attempt as a bare line; the command says what
     # they mean in its own lines, so they are shown only with --debug.
     drivers = (
@@ -246,7 +236,7 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     )
     with sink.lock(), drivers:
         try:
-            runner.run(listen(args, stores, sink, runner) if listening else sync)
+            runner.run(listen if listening else sync)
         except CommandFailed as exc:
             if not args.quiet:
                 runs = runner.progress.runs if listening else None
