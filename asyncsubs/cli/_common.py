@@ -39,6 +39,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "rate",
+    "report_options",
 ]
 
 #: What the command line's clients say they are, before the library's own user agent.
@@ -135,17 +136,27 @@ def output_options() -> Parser:
         action="store_true",
         help="also a line for every failed attempt that is retried, with its error",
     )
-    group.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="json: progress, notes and errors on stderr as one JSON object per line (time, "
-        "level, store, resource, event and figures), never a live table",
+    _log_format(
+        group,
+        "json: progress, notes and errors on stderr as one JSON object per line (time, level, "
+        "store, resource, event and figures), never a live table",
     )
     group.add_argument(
         "--debug", action="store_true", help="tracebacks on errors and debug logging"
     )
     return parent
+
+
+def report_options(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--log-format``, for a command whose output is its table."""
+    parser.add_argument(
+        "--json", action="store_true", help="the table's figures as one JSON document on stdout"
+    )
+    _log_format(parser, "json: notes and errors on stderr as one JSON object per line, as for sync")
+
+
+def _log_format(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help=help)
 
 
 # -- running ---------------------------------------------------------------------------------

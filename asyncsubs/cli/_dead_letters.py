@@ -13,9 +13,10 @@ from typing import IO, Any
 
 from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
+from ._common import report_options
 from ._output import Output
 from ._progress import plural
-from ._tables import print_json, print_table, report_options
+from ._tables import print_json, print_table
 
 __all__ = ["add_parser", "dead_letters"]
 

@@ -11,9 +11,10 @@ from typing import IO, Any, Final
 import attrs
 
 from ..sync import sink_for
+from ._common import report_options
 from ._output import Output
 from ._progress import plural
-from ._tables import print_json, print_table, report_options
+from ._tables import print_json, print_table
 
 __all__ = ["add_parser", "cmd_sync_status"]
 

@@ -4,27 +4,13 @@ the same figures as one JSON document instead."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from ..json import dumps
 
-__all__ = ["format_table", "print_json", "print_table", "report_options", "rich_available"]
-
-
-def report_options(parser: argparse.ArgumentParser) -> None:
-    """``--json`` and ``--log-format``, for a command whose output is its table."""
-    parser.add_argument(
-        "--json", action="store_true", help="the table's figures as one JSON document on stdout"
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="json: notes and errors on stderr as one JSON object per line, as for sync",
-    )
+__all__ = ["format_table", "print_json", "print_table", "rich_available"]
 
 
 def print_json(document: Any, *, stream: IO[str]) -> None:
