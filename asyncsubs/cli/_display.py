@@ -54,7 +54,7 @@ _ROW_EVENTS: Final = ("start", "resume", "done", "failed")
 
 
 def choose_mode(args: argparse.Namespace) -> Mode:
-    """None when quiet; JSON lines for ``--log-format json``; plain lines with ``--debug`` (log
+    """``none`` when quiet; JSON lines for ``--log-format json``; plain lines with ``--debug`` (log
     lines and a live table do not mix) or off a terminal; else rich's live table."""
     if args.quiet:
         return "none"
