@@ -1,9 +1,8 @@
 """The checkpoint of ``pull -o FILE``: where a rerun of the same command continues.
 
 ``FILE.asyncsubs-checkpoint`` holds the cursor after the last whole page written and FILE's size
-at that moment. It is replaced atomically after each page's records were written, so whatever
-stops the pull (Ctrl-C, SIGTERM, SIGKILL) it describes a prefix of FILE made of whole pages: a
-rerun of the same command cuts FILE back to that size and continues from the cursor.
+then, replaced atomically after each page: whatever stops the pull (even SIGKILL), a rerun cuts
+FILE back to whole pages and continues from the cursor.
 """
 
 from __future__ import annotations

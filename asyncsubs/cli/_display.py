@@ -1,12 +1,8 @@
-"""Three ways to show a command's ``Progress`` on stderr, each a small watcher of its events:
-
-- ``LiveTable``: a live table on a terminal (rich, imported only here, lazily);
-- ``PlainLines``: a line per running unit every few seconds, plus a line at each start, finish,
-  failure and note, for logs and CI;
-- ``JsonLines``: the same as one JSON object per line (``--log-format json``).
-
-``--quiet`` shows none. A display is refreshed by an asyncio task, never by rich's own refresh
-thread, so the figures are read on the event loop's thread.
+"""Three ways to show a command's ``Progress`` on stderr, each a watcher of its events:
+``PlainLines`` (a line per running unit every few seconds, and one per start, finish, failure
+and note, for logs and CI), ``JsonLines`` (the same as JSON, ``--log-format json``) and
+``LiveTable`` (rich, on a terminal). A display is refreshed by an asyncio task, never by rich's
+own thread, so the figures are read on the event loop's thread.
 """
 
 from __future__ import annotations
@@ -181,12 +177,8 @@ class JsonLines(PlainLines):
 
 
 class LiveTable(PlainLines):
-    """A live table on a terminal.
-
-    Rendered as pre-aligned Text rather than a rich Table: a Table of a dozen rows costs ~20 ms
-    to render, and that time is taken from the event loop, where it would delay request starts
-    the limiter has already paced (and so risk 429s on strict servers).
-    """
+    """A live table on a terminal, as pre-aligned Text: a rich Table of a dozen rows takes ~20
+    ms of the event loop to render, delaying request starts the limiter has paced."""
 
     def __init__(self, progress: Progress, stream: IO[str], *, verbose: bool = False) -> None:
         from rich.console import Console
