@@ -835,7 +835,7 @@ def test_a_config_error_the_client_finds_late_exits_2(
 
 def test_counts_of_one_are_said_in_the_singular() -> None:
     from asyncsubs.cli._progress import UnitRow
-    from asyncsubs.cli._webhooks import WebhookTotals
+    from asyncsubs.cli._summaries import WebhookTotals
 
     one = WebhookTotals(accepted=1, duplicates=1, applied=1, deletes=1, dead_letters=1)
     assert one.line() == (

@@ -28,8 +28,8 @@ import pytest
 from asyncsubs.__main__ import main
 from asyncsubs.cli._common import CONFIG_FLAGS
 from asyncsubs.cli._display import PlainLines
-from asyncsubs.cli._listen import parse_listen
 from asyncsubs.cli._progress import Progress
+from asyncsubs.cli._sync import parse_listen
 from asyncsubs.errors import ConfigError
 from asyncsubs.sync import (
     ConfigFileError,

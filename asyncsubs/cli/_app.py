@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import re
 import sys
 import traceback
@@ -18,11 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 from ..errors import AsyncSubsError, ConfigError
-from ..sync import ConfigFileError, DatabaseConfigError, DatabaseError, describe_error
+from ..stores import ConfigFileError, describe_error
+from ..sync import DatabaseConfigError, DatabaseError
 from . import _dead_letters, _demo, _fake_server, _pull, _status, _sync
 from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CommandFailed, Parser
 from ._common import output_options as _output_options
-from ._output import PROG, JsonLogFormatter, Output
+from ._output import PROG, JsonLogFormatter, Output, logging_to, silence_stdout
 
 __all__ = ["build_parser", "main"]
 
@@ -50,9 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _attach_negative_values(argv: Sequence[str]) -> list[str]:
     """``--rate -1/s`` as ``--rate=-1/s``: argparse takes a word starting with "-" for an
-    option (and says "expected one argument"), unless it is a plain negative number. No
-    option here starts with "-" and a digit, so such a word is always a value, and attached
-    to its option it reaches the option's own check and its message."""
+    option ("expected one argument") unless it is a plain negative number. No option here
+    starts with "-" and a digit, so attached, such a value reaches its option's own check."""
     result: list[str] = []
     for arg in argv:
         previous = result[-1] if result else ""
@@ -76,9 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 class _OutputHandler(logging.Handler):
     """The library's warnings and errors as the command's own lines (``asyncsubs: warning:
-    ...``, or JSON lines), rather than Python's bare last-resort lines on stderr; errors only
-    with --quiet. A logger with a handler of its own is one a command shows its own way (sync
-    --listen's receivers, among its progress): not said twice."""
+    ...``, or JSON lines); errors only with --quiet. A logger with a handler of its own is one
+    a command shows its own way (sync --listen's receivers): not said twice."""
 
     def __init__(self, out: Output, *, quiet: bool) -> None:
         super().__init__(logging.ERROR if quiet else logging.WARNING)
@@ -94,25 +92,20 @@ class _OutputHandler(logging.Handler):
 
 @contextlib.contextmanager
 def _library_logging(debug: bool, out: Output, *, quiet: bool) -> Iterator[None]:
-    """The library's log on stderr while the command runs (removed again, for in-process
-    callers): its warnings as the command's lines; with --debug, everything, timestamped."""
+    """The library's log on stderr while the command runs: its warnings as the command's
+    lines; with --debug, everything, timestamped."""
     logger = logging.getLogger("asyncsubs")
     handler: logging.Handler = _OutputHandler(out, quiet=quiet)
+    level = logger.level
     if debug:
         handler = logging.StreamHandler(sys.stderr)
-        if out.json:
-            handler.setFormatter(JsonLogFormatter())
-        else:
-            fields = "%(asctime)s %(name)s %(levelname)s %(message)s"
-            handler.setFormatter(logging.Formatter(fields))
-    level = logger.level
-    logger.addHandler(handler)
-    if debug:
+        fields = "%(asctime)s %(name)s %(levelname)s %(message)s"
+        handler.setFormatter(JsonLogFormatter() if out.json else logging.Formatter(fields))
         logger.setLevel(logging.DEBUG)
     try:
-        yield
+        with logging_to("asyncsubs", handler):
+            yield
     finally:
-        logger.removeHandler(handler)
         logger.setLevel(level)
 
 
@@ -135,9 +128,7 @@ def _run(handler: Handler, args: argparse.Namespace, out: Output) -> int:
     except KeyboardInterrupt:  # outside the event loop, e.g. while reading the config
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # stdout's reader went away; keep the interpreter from failing again at exit.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         return EXIT_FAILURE
     except Exception as exc:
         if args.debug:

@@ -1,10 +1,8 @@
 """The checkpoint of ``pull -o FILE``: where a rerun of the same command continues.
 
 ``FILE.asyncsubs-checkpoint`` holds the cursor after the last whole page written and FILE's size
-at that moment. It is replaced atomically (written to a temporary file, then renamed) after each
-page's records were written, so whatever stops the pull (Ctrl-C, SIGTERM, SIGKILL) it describes a
-prefix of FILE made of whole pages: a rerun of the same command cuts FILE back to that size and
-continues from the cursor.
+then, replaced atomically after each page: whatever stops the pull (even SIGKILL), a rerun cuts
+FILE back to whole pages and continues from the cursor.
 """
 
 from __future__ import annotations
@@ -13,14 +11,14 @@ import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import IO, Any, Final
 
 import attrs
 
 from ..errors import ConfigError
 from ..json import dumps, loads
 
-__all__ = ["CHECKPOINT_SUFFIX", "PullCheckpoint"]
+__all__ = ["CHECKPOINT_SUFFIX", "PullCheckpoint", "open_output"]
 
 CHECKPOINT_SUFFIX: Final = ".asyncsubs-checkpoint"
 
@@ -30,8 +28,7 @@ class PullCheckpoint:
     """A pull's position: ``offset`` bytes of FILE hold ``records`` records in ``pages``
     pages, and ``cursor`` continues after them. ``resource``, ``base_url``, ``credentials`` (a
     one-way fingerprint of base URL and token: the token chooses the store), ``after_cursor``
-    (the command's ``--after-cursor``) and ``params`` (its ``--param`` filters) say which pull
-    it belongs to, so a different command on the same FILE does not continue it."""
+    and ``params`` (``--after-cursor``, ``--param``) say which pull it belongs to."""
 
     resource: str
     base_url: str
@@ -49,8 +46,7 @@ class PullCheckpoint:
 
     @classmethod
     def load(cls, output: Path) -> PullCheckpoint | None:
-        """The checkpoint beside ``output``, None when there is none; ConfigError when it
-        cannot be read."""
+        """The checkpoint beside ``output``, None when there is none."""
         path = cls.path_for(output)
         try:
             data = loads(path.read_bytes())
@@ -75,3 +71,51 @@ class PullCheckpoint:
     def remove(cls, output: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             cls.path_for(output).unlink()
+
+
+def _check_belongs(output: Path, saved: PullCheckpoint, pull: Mapping[str, Any]) -> None:
+    """ConfigError unless ``saved`` is of the pull whose identifying fields are ``pull``."""
+    if all(getattr(saved, name) == value for name, value in pull.items()):
+        return
+    token = "" if saved.credentials == pull["credentials"] else " with another token"
+    after = "" if saved.after_cursor == pull["after_cursor"] else " after another cursor"
+    params = "" if saved.params == pull["params"] else " with other --param filters"
+    raise ConfigError(
+        f"{output} has a checkpoint of a pull of {saved.resource} from {saved.base_url}"
+        f"{token}{after}{params}; pass --restart to start over"
+    )
+
+
+def open_output(
+    output: Path, pull: Mapping[str, Any], *, restart: bool
+) -> tuple[IO[bytes], PullCheckpoint | None]:
+    """FILE opened to write at the end of its checkpointed prefix, when it has a checkpoint of
+    the pull ``pull`` identifies (a rerun continues), or from the start (none, or ``restart``)."""
+    saved = None if restart else PullCheckpoint.load(output)
+    if saved is not None:
+        _check_belongs(output, saved, pull)
+    try:
+        if saved is None:
+            PullCheckpoint.remove(output)
+            return open(output, "wb"), None
+        out = open(output, "r+b")  # noqa: SIM115 - the pull closes it
+    except FileNotFoundError as exc:
+        if saved is not None:
+            raise ConfigError(
+                f"{output} is gone but its checkpoint is not; pass --restart to start over"
+            ) from None
+        why = exc.strerror if output.parent.is_dir() else "no such directory"
+        raise ConfigError(f"cannot write {output}: {why}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
+    size = out.seek(0, os.SEEK_END)
+    if size < saved.offset:
+        out.close()
+        raise ConfigError(
+            f"{output} is shorter than its checkpoint says ({size:,} < {saved.offset:,} "
+            "bytes); pass --restart to start over"
+        )
+    # Bytes after the checkpoint belong to a page whose checkpoint was never written.
+    out.truncate(saved.offset)
+    out.seek(saved.offset)
+    return out, saved

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -40,6 +39,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "rate",
+    "report_options",
 ]
 
 #: What the command line's clients say they are, before the library's own user agent.
@@ -67,30 +67,24 @@ class CommandFailed(Exception):
 # -- arguments -------------------------------------------------------------------------------
 
 
-def _number(text: str, kind: Callable[[str], Any], what: str, ok: Callable[[Any], bool]) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
+def _number(kind: type[Any], what: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind`` of the text, when ``ok``; else "expected ``what``"."""
+
+    def convert(text: str) -> Any:
+        with contextlib.suppress(ValueError):
+            if ok(value := kind(text)):
+                return value
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
+
+    return convert
 
 
-def positive_int(text: str) -> int:
-    return int(_number(text, int, "a positive integer", lambda v: v > 0))
-
-
-def non_negative_int(text: str) -> int:
-    return int(_number(text, int, "an integer >= 0", lambda v: v >= 0))
-
-
-def positive_float(text: str) -> float:
-    return float(_number(text, float, "a positive number", lambda v: 0 < v < float("inf")))
-
-
-def fraction(text: str) -> float:
-    return float(_number(text, float, "a fraction in (0, 1]", lambda v: 0 < v <= 1))
+positive_int: Callable[[str], int] = _number(int, "a positive integer", lambda v: v > 0)
+non_negative_int: Callable[[str], int] = _number(int, "an integer >= 0", lambda v: v >= 0)
+positive_float: Callable[[str], float] = _number(
+    float, "a positive number", lambda v: 0 < v < float("inf")
+)
+fraction: Callable[[str], float] = _number(float, "a fraction in (0, 1]", lambda v: 0 < v <= 1)
 
 
 def rate(text: str) -> Any:
@@ -104,16 +98,10 @@ class _HelpFormatter(argparse.HelpFormatter):
     """Help that shows each option's default where it has one (not None, not a flag's off)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if (
-            "%(default)" in text
-            or action.default is None
-            or action.default is False
-            or action.default == argparse.SUPPRESS
-            or not action.option_strings
-        ):
+        text, default = action.help or "", action.default
+        if "%(default)" in text or default is None or default is False or not action.option_strings:
             return text
-        return f"{text} (default: %(default)s)"
+        return text if default == argparse.SUPPRESS else f"{text} (default: %(default)s)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -148,17 +136,27 @@ def output_options() -> Parser:
         action="store_true",
         help="also a line for every failed attempt that is retried, with its error",
     )
-    group.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="json: progress, notes and errors on stderr as one JSON object per line (time, "
-        "level, store, resource, event and figures), never a live table",
+    _log_format(
+        group,
+        "json: progress, notes and errors on stderr as one JSON object per line (time, level, "
+        "store, resource, event and figures), never a live table",
     )
     group.add_argument(
         "--debug", action="store_true", help="tracebacks on errors and debug logging"
     )
     return parent
+
+
+def report_options(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--log-format``, for a command whose output is its table."""
+    parser.add_argument(
+        "--json", action="store_true", help="the table's figures as one JSON document on stdout"
+    )
+    _log_format(parser, "json: notes and errors on stderr as one JSON object per line, as for sync")
+
+
+def _log_format(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help=help)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -181,21 +179,14 @@ class Runner:
     """A command's progress, how it is shown, and running its coroutine under it."""
 
     def __init__(self, args: argparse.Namespace, out: Output, *, mode: Mode | None = None) -> None:
-        self.args = args
-        self.out = out
+        self.args, self.out = args, out
         self.progress = Progress()
-        if mode is None:
-            force = "json" if args.log_format == "json" else None
-            # Log lines and a live table do not mix.
-            force = force or ("plain" if args.debug else None)
-            force = force or (None if args.progress == "auto" else str(args.progress))
-            mode = choose_mode(sys.stderr, quiet=args.quiet, force=force)
-        self.mode = mode
+        self.mode = choose_mode(args) if mode is None else mode
 
     def run(self, coro_factory: Callable[[], Awaitable[None]]) -> None:
         """Run the coroutine with the progress shown; Ctrl-C and SIGTERM raise CommandFailed
         (130, 143) after the coroutine's own cleanup ran."""
-        progress = self.progress
+        progress, args = self.progress, self.args
 
         async def body() -> None:
             # SIGTERM (a scheduler stopping the job) ends the command like Ctrl-C: cleanup runs
@@ -207,12 +198,10 @@ class Runner:
                     loop.add_signal_handler(signal.SIGTERM, task.cancel)
                     installed = True
             try:
-                async with show_progress(
-                    progress,
-                    self.mode,
-                    interval=self.args.progress_interval,
-                    verbose=self.args.verbose,
-                ):
+                shown = show_progress(
+                    progress, self.mode, interval=args.progress_interval, verbose=args.verbose
+                )
+                async with shown:
                     try:
                         await coro_factory()
                     except (asyncio.CancelledError, KeyboardInterrupt):
@@ -225,12 +214,10 @@ class Runner:
         try:
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
                 runner.run(body())
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError) as exc:
             progress.stop()
-            raise CommandFailed([], EXIT_INTERRUPTED) from None
-        except asyncio.CancelledError:
-            progress.stop()
-            raise CommandFailed([], EXIT_TERMINATED) from None
+            code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
+            raise CommandFailed([], code) from None
 
     def raise_failures(self) -> None:
         """CommandFailed (exit 1) when any unit failed, with one line each, unless the plain

@@ -13,9 +13,10 @@ from typing import IO, Any
 
 from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
+from ._common import report_options
 from ._output import Output
 from ._progress import plural
-from ._tables import print_json, print_table, report_options
+from ._tables import print_json, print_table
 
 __all__ = ["add_parser", "dead_letters"]
 
@@ -57,19 +58,15 @@ async def dead_letters(
     async with sink:
         inbox, dead = await sink.webhook_stores()
         letters = [x for x in await dead.all() if stores is None or x.store in stores]
-        moved = 0
-        for letter in letters if requeue else ():
-            if letter.store is None:
-                continue
+        movable = [(x, x.store) for x in letters if requeue and x.store is not None]
+        for letter, store in movable:
             # Attempts add up over requeues, as at start: the bound on start-up requeues holds.
-            entry = InboxEntry(
-                letter.store, letter.event_id, letter.body, time.time(), letter.attempts
+            await inbox.add(
+                InboxEntry(store, letter.event_id, letter.body, time.time(), letter.attempts)
             )
-            await inbox.add(entry)
             # Only this store's: other stores' letters may share the event id.
-            await dead.remove_for_store(letter.store, letter.event_id)
-            moved += 1
-    return letters, moved
+            await dead.remove_for_store(store, letter.event_id)
+    return letters, len(movable)
 
 
 def _utc(epoch: float) -> str:
@@ -98,29 +95,16 @@ def cmd_dead_letters(
         out.note(
             f"no dead letters: {sink.where} has never run sync --listen (it has no webhook tables)"
         )
-        if args.json:
-            print_json({"database": sink.where, "dead_letters": []}, stream=stream)
-        return 0
-    letters, moved = found
+    letters, moved = found or ([], 0)
     if args.json:
-        document: dict[str, Any] = {
-            "database": sink.where,
-            "dead_letters": [_letter_json(letter) for letter in letters],
-        }
-        if args.requeue:
-            document["moved"] = moved
-        print_json(document, stream=stream)
+        document = {"database": sink.where, "dead_letters": [_letter_json(x) for x in letters]}
+        print_json(document | ({"moved": moved} if args.requeue and found else {}), stream=stream)
+        return 0
+    if found is None:
         return 0
     rows = [
-        [
-            letter.store or "",
-            letter.event_id,
-            letter.topic or "",
-            str(letter.attempts),
-            _utc(letter.failed_at),
-            letter.error,
-        ]
-        for letter in letters
+        [x.store or "", x.event_id, x.topic or "", str(x.attempts), _utc(x.failed_at), x.error]
+        for x in letters
     ]
     footer = [f"{plural(len(letters), 'dead letter')} in {sink.where} (table webhook_dead_letters)"]
     if args.requeue:

@@ -1,11 +1,9 @@
 """``asyncsubs demo``: the embedded fake service, synced.
 
-The demo starts ``FakeAdminServer`` in a process of its own with several stores, each with its
-own heavy pools' rates, window flavour (sliding, fixed, leaky bucket) and largest page (clamped
-or refused above), none of which the client is told: it syncs them all into SQLite with the
-same engine and defaults as ``sync``, finding each pool's rate and each list's page size, and
-prints what it learned and achieved against what was allowed, as the server measured it. A rerun
-with the same ``--db`` starts from what the first learned. No network, no setup.
+A fake server in a process of its own serves several stores, each with its own heavy pools'
+rates, window flavour and largest page, none of which the client is told: the demo syncs them
+into SQLite with ``sync``'s engine and defaults, and prints what it learned and achieved
+against what was allowed, as the server measured it.
 """
 
 from __future__ import annotations
@@ -24,18 +22,11 @@ import attrs
 from .. import Limits, Rate
 from ..errors import ConfigError
 from ..limiting import PoolStats
-from ..sync import (
-    DEFAULT_PAGE_SIZE,
-    RESOURCES,
-    Sink,
-    StoreConfig,
-    SyncEngine,
-    run_round,
-    sink_for,
-)
+from ..stores import DEFAULT_PAGE_SIZE, RESOURCES, Store
+from ..sync import Sink, SyncEngine, run_round, sink_for
 from ._common import USER_AGENT, CommandFailed, Runner, non_negative_int, positive_int
 from ._output import Output
-from ._progress import Progress, plural
+from ._progress import Progress, cells, plural
 from ._tables import print_table
 
 if TYPE_CHECKING:
@@ -139,9 +130,7 @@ def demo_stores(count: int, records: int | None, quick: bool) -> list[DemoStore]
     for i in range(count):
         base = DEMO_STORES[i % len(DEMO_STORES)]
         name = base.name if i < len(DEMO_STORES) else f"{base.name}-{i // len(DEMO_STORES) + 1}"
-        counts = dict(base.records)
-        if records is not None:
-            counts = dict.fromkeys(RESOURCES, records)
+        counts = dict(base.records) if records is None else dict.fromkeys(RESOURCES, records)
         if quick:
             counts = {r: max(1, n // 10) if n else 0 for r, n in counts.items()}
         stores.append(attrs.evolve(base, name=name, records=counts))
@@ -149,15 +138,15 @@ def demo_stores(count: int, records: int | None, quick: bool) -> list[DemoStore]
 
 
 @contextlib.contextmanager
-def _database(url: str | None) -> Iterator[tuple[Sink, bool]]:
+def _database(url: str | None) -> Iterator[Sink]:
     if url is not None:
         sink = sink_for(url)
         if sink.leases is not None:  # a database shared by workers is not the demo's
             raise ConfigError("--db: demo works on a SQLite database only")
-        yield sink, True
+        yield sink
         return
     with tempfile.TemporaryDirectory(prefix="asyncsubs-demo-") as tmp:
-        yield sink_for(str(Path(tmp) / "demo.db")), False
+        yield sink_for(str(Path(tmp) / "demo.db"))
 
 
 @attrs.frozen
@@ -188,16 +177,12 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     # process, it would stamp requests late by the client's own work (parsing pages, writing
     # rows), and read as a server whose limiter lags by tens of milliseconds now and then.
     with (
-        _database(args.db) as (sink, kept),
+        _database(args.db) as sink,
         sink.lock(),
-        run_in_process(
-            make_records=True,
-            stores=server_stores,
-            latency=DEMO_LATENCY,
-        ) as server,
+        run_in_process(make_records=True, stores=server_stores, latency=DEMO_LATENCY) as server,
     ):
         configs = [
-            StoreConfig(
+            Store(
                 name=s.name,
                 base_url=server.base_url,
                 token=server.tokens[s.name],
@@ -207,39 +192,31 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             )
             for s in stores
         ]
-
         #: The stores that start from what an earlier demo on this database learned.
         remembered: list[str] = []
 
         async def sync() -> None:
-            async with (
-                sink,
-                SyncEngine(configs, sink, runner.progress, user_agent=USER_AGENT) as engine,
-            ):
+            engine = SyncEngine(configs, sink, runner.progress, user_agent=USER_AGENT)
+            async with sink, engine:
                 remembered.extend([c.name for c in configs if await sink.load_learned(c.name)])
                 await run_round(engine)
 
         # The sync's time, as its rows count theirs: the server's start comes before.
-        started = time.monotonic()
-        interrupted = ran = False
+        started, stopped = time.monotonic(), None
         try:
             runner.run(sync)
-            ran = True
-        except CommandFailed:
-            interrupted = True
-            raise
-        finally:
-            # Not after an error that stopped the demo (a bad --db): its line says it all.
-            if not args.quiet and (ran or interrupted):
-                reports = _server_reports(server, stores)
-                elapsed = time.monotonic() - started
-                _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
-                where = f"kept at {sink.where}" if kept else "a temporary file, now deleted"
-                sys.stdout.write(f"database: {where}\n")
-                sys.stdout.flush()
-            if interrupted:
-                note = "interrupted" + ("; rerun with the same --db to resume" if kept else "")
-                out.note(note)
+        except CommandFailed as exc:
+            stopped = exc
+        # Not after an error that stopped the demo (a bad --db): its line says it all.
+        if not args.quiet:
+            reports, elapsed = _server_reports(server, stores), time.monotonic() - started
+            _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
+            where = "a temporary file, now deleted" if args.db is None else f"kept at {sink.where}"
+            sys.stdout.write(f"database: {where}\n")
+            sys.stdout.flush()
+        if stopped is not None:
+            out.note("interrupted" + ("; rerun with the same --db to resume" if args.db else ""))
+            raise stopped
     runner.raise_failures()
     return 0
 
@@ -283,39 +260,28 @@ def _summary(
     remembered: Sequence[str],
 ) -> None:
     rows = []
-    total_requests = total_429 = 0
     for store in stores:
         for resource in RESOURCES:
             row = progress.rows.get((store.name, resource))
-            report = reports.get((store.name, resource))
             if row is None:
                 continue
-            rate = store.heavy[resource]
-            total_requests += row.stats.requests
-            total_429 += row.stats.rate_limited
-            achieved = (
-                "-" if report is None or report.achieved is None else f"{report.achieved:.2f}"
-            )
-            found = learned_rate(row.stats)
-            learned = "-" if found is None else f"{found:.2f}"
-            page = row.stats.page_size
+            report, rate = reports.get((store.name, resource)), store.heavy[resource]
+            achieved = None if report is None else report.achieved
+            learned, page = learned_rate(row.stats), row.stats.page_size
             rows.append(
                 [
-                    store.name,
-                    resource,
-                    row.records_cell(),
-                    "" if row.rows is None else f"{row.rows:,}",
-                    f"{row.stats.requests:,}",
-                    f"{row.stats.rate_limited:,}",
-                    achieved,
-                    learned,
+                    *cells(row, ("store", "resource", "records", "rows", "requests", "429s")),
+                    "-" if achieved is None else f"{achieved:.2f}",
+                    "-" if learned is None else f"{learned:.2f}",
                     f"{rate.per_second:.2f} ({rate.n}/{rate.per:g}s {store.window})",
                     "-" if report is None else f"{report.peak}/{rate.n}",
                     f"{page:,}" if page else "-",
                     f"{store.page:,} ({store.over_max})",
-                    f"{row.elapsed():.1f}s",
+                    *cells(row, ("time",)),
                 ]
             )
+    requests = sum(row.stats.requests for row in progress.rows.values())
+    refused = sum(row.stats.rate_limited for row in progress.rows.values())
     before = progress.records_before
     resumed = f" (+{before:,} before resuming)" if before else ""
     print_table(
@@ -338,8 +304,8 @@ def _summary(
         rows,
         stream=sys.stdout,
         footer=[
-            f"{plural(progress.records, 'record')}{resumed}, {plural(total_requests, 'request')}, "
-            f"{plural(total_429, '429')} in {elapsed:.1f}s (the fake server started in "
+            f"{plural(progress.records, 'record')}{resumed}, {plural(requests, 'request')}, "
+            f"{plural(refused, '429')} in {elapsed:.1f}s (the fake server started in "
             f"{startup:.1f}s before)",
             "req/s achieved: accepted request starts per second, as the server measured them; "
             "learned: the rate the client found, refused by the server or run clean (a raise "

@@ -1,40 +1,31 @@
 """What the command line writes on stderr besides its live table: errors and notes, one line
-each, as text (``asyncsubs: error: ...``) or, with ``--log-format json``, as JSON lines.
-
-``json_line`` is the one place a JSON line is made: notes, errors, progress events and the
-library's log records (``--debug``) all go through it.
+each, as text (``asyncsubs: error: ...``) or, with ``--log-format json``, as JSON lines made by
+``json_line`` (notes, errors, progress events and, with ``--debug``, the library's log).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO, Any, Final
 
 from ..json import dumps
 
-__all__ = [
-    "JsonLogFormatter",
-    "Output",
-    "PROG",
-    "json_line",
-    "utc_now",
-]
+__all__ = ["JsonLogFormatter", "Output", "PROG", "json_line", "logging_to", "silence_stdout"]
 
 PROG: Final = "asyncsubs"
 
 
-def utc_now() -> str:
-    """Now as an ISO 8601 UTC timestamp with milliseconds."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
 def json_line(level: str, event: str, **fields: Any) -> str:
-    """One JSON object on one line: ``time`` (UTC), ``level``, ``event``, then ``fields``."""
-    return dumps({"time": utc_now(), "level": level, "event": event, **fields}).decode()
+    """One JSON object on one line: ``time`` (UTC, milliseconds), ``level``, ``event``, then
+    ``fields``."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    return dumps({"time": stamp, "level": level, "event": event, **fields}).decode()
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -47,6 +38,24 @@ class JsonLogFormatter(logging.Formatter):
         return json_line(record.levelname.lower(), "log", **fields)
 
 
+@contextlib.contextmanager
+def logging_to(name: str, handler: logging.Handler) -> Iterator[None]:
+    """``handler`` on the logger ``name`` while the block runs (removed again, for in-process
+    callers)."""
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def silence_stdout() -> None:
+    """stdout's reader went away: keep the interpreter from failing again at exit."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 class Output:
     """Lines on ``stream`` (stderr when None: the one in place when each line is written),
     as text or JSON lines; a stream that is gone (a closed pipe) loses them quietly."""
@@ -55,22 +64,17 @@ class Output:
         self.json = json
         self._stream = stream
 
-    @property
-    def stream(self) -> IO[str]:
-        return sys.stderr if self._stream is None else self._stream
-
     def write(self, line: str) -> None:
+        stream = sys.stderr if self._stream is None else self._stream
         with contextlib.suppress(OSError, ValueError):
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            stream.write(line + "\n")
+            stream.flush()
 
     def _say(self, level: str, message: str) -> None:
         if self.json:
             self.write(json_line(level, level, message=message))
-        elif level == "note":
-            self.write(f"{PROG}: {message}")
         else:
-            self.write(f"{PROG}: {level}: {message}")
+            self.write(f"{PROG}: {message}" if level == "note" else f"{PROG}: {level}: {message}")
 
     def error(self, message: str) -> None:
         self._say("error", message)

@@ -1,22 +1,22 @@
 """Progress of a command: every unit's figures as the sync's events tell them.
 
-``Progress`` is the observer a command hands the engine (or ``pull`` its own events): it keeps
-one ``UnitRow`` per ``(store, resource)`` and each store's webhook counters, and passes every
-event on, with its row, to the displays watching (``_display``) and the summaries read at the
-end. Everything runs on the event loop thread, so the figures are read without locks.
+``Progress`` is the observer a command hands the engine (or ``pull`` its unit): it keeps one
+``UnitRow`` per ``(store, resource)`` and each store's webhook counters, and passes every event
+on, with its row, to the displays watching (``_display``). Everything runs on the event loop
+thread, so the figures are read without locks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
 
 import attrs
 
 from .. import Rate
 from ..limiting import PoolStats
-from ..sync import (
+from ..stores import (
     Event,
     Message,
     PageCommitted,
@@ -31,7 +31,7 @@ from ..sync import (
     WorkerIdle,
 )
 
-__all__ = ["Progress", "UnitRow", "allowed_cell", "learned_text", "page_cell", "plural"]
+__all__ = ["COLUMNS", "Progress", "UnitRow", "cells", "learned_text", "per_second", "plural"]
 
 State = Literal["waiting", "running", "done", "failed", "interrupted"]
 
@@ -69,6 +69,10 @@ class UnitRow:
     def key(self) -> str:
         return f"{self.store}/{self.resource}"
 
+    @property
+    def status(self) -> str:
+        return "running (resumed)" if self.state == "running" and self.resumed else self.state
+
     def elapsed(self, now: float | None = None) -> float:
         if self.started is None:
             return 0.0
@@ -85,10 +89,25 @@ class UnitRow:
         return self.records / elapsed if elapsed > 0 else 0.0
 
     def request_rate(self, now: float | None = None) -> float:
-        """Requests per second: n starts span n - 1 intervals (counting the first would
-        overstate the pace early on)."""
+        """n starts span n - 1 intervals (counting the first would overstate the pace early)."""
         elapsed = self.elapsed(now)
         return max(self.stats.requests - 1, 0) / elapsed if elapsed > 0 else 0.0
+
+    def figures(self) -> dict[str, Any]:
+        """The row's figures as JSON fields (the live table's columns)."""
+        stats = self.stats
+        figures: dict[str, Any] = {
+            "state": self.state,
+            "records": self.records,
+            "pages": self.pages,
+            "records_before_resuming": self.records_before,
+            "requests": stats.requests,
+            "rate_limited": stats.rate_limited,
+            "retries": stats.retries,
+            "elapsed": round(self.elapsed(), 3),
+        }
+        optional = {"rows": self.rows, "error": self.error, "last_error": self.last_error}
+        return figures | {name: value for name, value in optional.items() if value is not None}
 
 
 #: How a pool's rate came to be, as the displays say it (a configured one needs no word).
@@ -103,8 +122,7 @@ _RATE_BY: Final = {
 
 def learned_text(stats: PoolStats) -> str:
     """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``,
-    ``4.00 req/s probing (2.00 ran clean)``; empty for a pool with a fixed rate and no page
-    size learned."""
+    ``4.00 req/s probing (2.00 ran clean)``; empty for a fixed rate and no page size learned."""
     parts = []
     how = _RATE_BY.get(stats.rate_by)
     if how is not None and stats.rate:
@@ -118,10 +136,10 @@ def learned_text(stats: PoolStats) -> str:
     return ", ".join(parts)
 
 
-def allowed_cell(row: UnitRow, now: float | None = None) -> str:
+def _allowed(row: UnitRow, now: float) -> str:
     """Requests per second achieved, and the pool's rate in force: configured, announced or
-    learned (``1.96 (2.00 learned)``). Nothing is achieved before a page came back: attempts
-    that never reached the server (or were all refused) are no pace (``- (2.00)``)."""
+    learned (``1.96 (2.00 learned)``). Attempts that never brought a page back are no pace
+    (``- (2.00)``)."""
     achieved = f"{row.request_rate(now):.2f}" if row.pages else "-"
     stats, allowed = row.stats, row.allowed
     if stats.rate and stats.rate_by != "configured":
@@ -130,11 +148,50 @@ def allowed_cell(row: UnitRow, now: float | None = None) -> str:
     return f"{achieved} ({allowed.per_second:.2f})" if allowed else achieved
 
 
-def page_cell(row: UnitRow) -> str:
+def _page(row: UnitRow) -> str:
     """Records per page: as learned, else as many as the pages held on average."""
     if row.stats.page_size:
         return f"{row.stats.page_size:,}"
     return f"{row.records // row.pages:,}" if row.pages else ""
+
+
+def per_second(value: float) -> str:
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+#: Characters of the last error the live table shows (the plain lines show it whole).
+LAST_ERROR_WIDTH: Final = 60
+
+#: A unit's cells by column: the live table shows all but ``rows``, the summaries all but the
+#: figures of a moment (``records/s``, ``last error``).
+_CELLS: Final[dict[str, Callable[[UnitRow, float], str]]] = {
+    "store": lambda row, now: row.store,
+    "resource": lambda row, now: row.resource,
+    "status": lambda row, now: row.status,
+    "records": lambda row, now: row.records_cell(),
+    "pages": lambda row, now: f"{row.pages:,}",
+    "records/s": lambda row, now: per_second(row.record_rate(now)),
+    "rows": lambda row, now: "" if row.rows is None else f"{row.rows:,}",
+    "requests": lambda row, now: f"{row.stats.requests:,}",
+    "req/s (allowed)": _allowed,
+    "page": lambda row, now: _page(row),
+    "429s": lambda row, now: f"{row.stats.rate_limited:,}",
+    "retries": lambda row, now: f"{row.stats.retries:,}",
+    "time": lambda row, now: f"{row.elapsed(now):.1f}s",
+    "last error": lambda row, now: _shorten(row.error or row.last_error or ""),
+}
+
+
+COLUMNS: Final = tuple(_CELLS)
+
+
+def _shorten(text: str, width: int = LAST_ERROR_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cells(row: UnitRow, columns: Sequence[str], now: float | None = None) -> list[str]:
+    """The row's cells in ``columns`` (of ``COLUMNS``), at ``now``."""
+    return [_CELLS[column](row, time.monotonic() if now is None else now) for column in columns]
 
 
 Watcher = Callable[[Event, UnitRow | None], object]
@@ -178,23 +235,21 @@ class Progress:
     def _apply(self, event: Event) -> UnitRow | None:
         if isinstance(event, WebhookCounts):
             self.webhooks[event.store] = event
-            return None
-        if isinstance(event, WebhookRefused):
+        elif isinstance(event, WebhookRefused):
             self.refusal_checks[event.reason] = event.check
-            return None
-        if isinstance(event, RunStarted):
+        elif isinstance(event, RunStarted):
             self.runs, self.idle = event.number, None
             if event.number > 1:  # a new run of the same units: their rows start over
-                for key in self.rows:
-                    self.rows[key] = UnitRow(*key)
+                self.rows = {key: UnitRow(*key) for key in self.rows}
             for store, resource in event.units:
                 self.add(store, resource)
-            return None
-        if isinstance(event, Message):
-            if isinstance(event, WorkerIdle):
-                self.idle = event.text
-            return None
-        row = self.add(event.store, event.resource)
+        elif isinstance(event, WorkerIdle):
+            self.idle = event.text
+        elif not isinstance(event, Message):
+            return self._apply_to(self.add(event.store, event.resource), event)
+        return None
+
+    def _apply_to(self, row: UnitRow, event: Event) -> UnitRow:
         now = time.monotonic()
         if isinstance(event, UnitStarted):
             row.state, row.started, row.resumed = "running", now, event.resumed
@@ -217,8 +272,7 @@ class Progress:
         """The command stopped: units still running or waiting are interrupted."""
         for row in self.rows.values():
             if row.state in ("running", "waiting"):
-                row.state = "interrupted"
-                row.finished = time.monotonic()
+                row.state, row.finished = "interrupted", time.monotonic()
 
     @property
     def failed(self) -> list[UnitRow]:

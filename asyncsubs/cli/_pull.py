@@ -1,13 +1,9 @@
 """``asyncsubs pull RESOURCE``: one resource of one store as JSON Lines, on stdout or ``-o FILE``.
 
-Unless ``--rate`` and ``--page-size`` pin them, the resource's pool finds its rate and the pull
-the largest page the server serves (``Limits(discover=True)``, ``page_size="max"``), starting
-from what earlier pulls of the store learned (``asyncsubs.stores.LearnedFile``, in the cache).
-The store is ``--store``, else the base URL's host: its name for pacing, learned limits and
-progress alike.
-
-With ``-o FILE``, a checkpoint beside it (``_checkpoint``) lets a rerun of the same command
-continue after the last whole page written.
+Unless ``--rate`` and ``--page-size`` pin them, the pool finds its rate and the pull the largest
+page the server serves, starting from what earlier pulls of the store learned (``LearnedFile``,
+in the cache). The store is ``--store``, else the base URL's host. With ``-o FILE``, a
+checkpoint beside it (``_checkpoint``) lets a rerun continue after the last whole page written.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import urlsplit
 
-from .. import Limits, RetryEvent, RetryPolicy
+from .. import Limits, Rate, RetryPolicy
 from ..errors import AsyncSubsError, ConfigError
 from ..json import dumps
 from ..limiting import PoolStats
@@ -36,9 +32,9 @@ from ..stores import (
     check_base_url,
     describe_error,
 )
-from ._checkpoint import PullCheckpoint
+from ._checkpoint import PullCheckpoint, open_output
 from ._common import EXIT_OK, USER_AGENT, CommandFailed, Runner, positive_float, positive_int, rate
-from ._output import Output
+from ._output import Output, silence_stdout
 from ._progress import learned_text, plural
 
 __all__ = ["add_parser"]
@@ -143,35 +139,42 @@ class Pull:
     def __init__(self, args: argparse.Namespace, out: Output) -> None:
         self.args, self.out = args, out
         self.store = self._store()
+        if args.restart and args.output is None:
+            raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
         # Learned limits are kept in a state file in the cache, by the store's name.
         self.clients = StoreClients(
             LearnedFile(out.warning), user_agent=USER_AGENT, note=out.warning
         )
-        self.client = self.clients.client(self.store, on_retry=self._retried)
-        if args.restart and args.output is None:
-            raise ConfigError("--restart needs -o FILE (a pull to stdout keeps no checkpoint)")
+        self.unit: Unit  # set by pull(), on the opened client
+        # A client refuses bad settings before any request; it names the checkpoint's pull.
+        client = self.clients.client(self.store)
         self.params: dict[str, str] = dict(args.param or ())
+        self.identity: dict[str, Any] = {
+            "resource": args.resource,
+            "base_url": client.base_url,
+            "credentials": client.fingerprint,
+            "after_cursor": args.after_cursor,
+            "params": self.params,
+        }
         self.path = None if args.output is None else Path(args.output)
         self.file: IO[bytes] | None = None
         self.checkpoint: PullCheckpoint | None = None
         if self.path is not None:
-            self.file, self.checkpoint = self._open_output(self.path)
+            self.file, self.checkpoint = open_output(self.path, self.identity, restart=args.restart)
         saved = self.checkpoint
-        self.before = 0 if saved is None else saved.records
-        self.pages_before = 0 if saved is None else saved.pages
+        #: Records and pages in the output, those written before resuming included.
+        self.records = self.before = 0 if saved is None else saved.records
+        self.pages = 0 if saved is None else saved.pages
         #: The cursor after the last page written (None: nothing to continue).
         self.cursor: str | None = args.after_cursor if saved is None else saved.cursor
-        self.records = self.pages = 0
         self.runner = Runner(args, out)
         if self.runner.mode == "rich" and self.file is None and sys.stdout.isatty():
             self.runner.mode = "plain"  # records go to the same terminal: a live table garbles
-        self.unit = Unit(self.client, self.store.name, args.resource, self.runner.progress)
 
     def _store(self) -> Store:
-        """The store the flags name. Token and base URL not given as flags are the client's to
-        find; every setting is checked first, so a usage error exits 2 before any request."""
-        args = self.args
-        env = os.environ
+        """The store the flags name, every setting checked: a usage error exits 2 before any
+        request."""
+        args, env = self.args, os.environ
         token = args.token if args.token is not None else env.get("ASYNCSUBS_TOKEN")
         base_url = args.base_url if args.base_url is not None else env.get("ASYNCSUBS_BASE_URL")
         check_token(token)
@@ -193,59 +196,10 @@ class Pull:
             allow_insecure=args.allow_insecure,
         )
 
-    def _open_output(self, output: Path) -> tuple[IO[bytes], PullCheckpoint | None]:
-        """FILE opened to write at the end of its checkpointed prefix (a rerun continues), or
-        from the start (no checkpoint, or ``--restart``)."""
-        args = self.args
-        checkpoint = None if args.restart else PullCheckpoint.load(output)
-        if checkpoint is not None:
-            this = (args.resource, self.client.base_url, self.client.fingerprint)
-            that = (checkpoint.resource, checkpoint.base_url, checkpoint.credentials)
-            ours = (args.after_cursor, self.params) == (checkpoint.after_cursor, checkpoint.params)
-            if this != that or not ours:
-                token = "" if that[2] == this[2] else " with another token"
-                after = (
-                    "" if checkpoint.after_cursor == args.after_cursor else " after another cursor"
-                )
-                params = "" if checkpoint.params == self.params else " with other --param filters"
-                raise ConfigError(
-                    f"{output} has a checkpoint of a pull of {checkpoint.resource} from "
-                    f"{checkpoint.base_url}{token}{after}{params}; pass --restart to start over"
-                )
-        try:
-            if checkpoint is None:
-                PullCheckpoint.remove(output)
-                return open(output, "wb"), None
-            out = open(output, "r+b")  # noqa: SIM115 - closed by main()
-        except FileNotFoundError as exc:
-            if checkpoint is not None:
-                raise ConfigError(
-                    f"{output} is gone but its checkpoint is not; pass --restart to start over"
-                ) from None
-            why = exc.strerror if output.parent.is_dir() else "no such directory"
-            raise ConfigError(f"cannot write {output}: {why}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
-        size = out.seek(0, os.SEEK_END)
-        if size < checkpoint.offset:
-            out.close()
-            raise ConfigError(
-                f"{output} is shorter than its checkpoint says ({size:,} < {checkpoint.offset:,} "
-                "bytes); pass --restart to start over"
-            )
-        # Bytes after the checkpoint belong to a page whose checkpoint was never written.
-        out.truncate(checkpoint.offset)
-        out.seek(checkpoint.offset)
-        return out, checkpoint
-
     # -- running ------------------------------------------------------------------------------
-
-    def _retried(self, event: RetryEvent) -> None:
-        self.unit.retried(event)
 
     def _write(self, records: list[Any]) -> None:
         out = self.file or sys.stdout.buffer
-        where = self.path or "stdout"
         try:
             # Each record as it was sent (same keys, order, values; integers exact).
             out.write(b"".join(dumps(r) + b"\n" for r in records))
@@ -253,6 +207,7 @@ class Pull:
         except BrokenPipeError:
             raise
         except OSError as exc:
+            where = self.path or "stdout"
             raise CommandFailed([f"cannot write {where}: {exc.strerror or exc}"]) from None
 
     def _save(self) -> None:
@@ -264,15 +219,11 @@ class Pull:
                 PullCheckpoint.remove(self.path)  # complete: nothing to continue
                 return
             PullCheckpoint(
-                resource=self.args.resource,
-                base_url=self.client.base_url,
-                credentials=self.client.fingerprint,
-                after_cursor=self.args.after_cursor,
+                **self.identity,
                 cursor=self.cursor,
                 offset=self.file.tell(),
-                records=self.before + self.records,
-                pages=self.pages_before + self.pages,
-                params=self.params,
+                records=self.records,
+                pages=self.pages,
             ).save(self.path)
         except OSError as exc:
             path = PullCheckpoint.path_for(self.path)
@@ -280,11 +231,11 @@ class Pull:
 
     async def pull(self) -> None:
         args, limit = self.args, self.args.limit
-        async with await self.clients.open(self.store, on_retry=self._retried) as client:
-            self.client = client
+        client = await self.clients.open(self.store, on_retry=lambda e: self.unit.retried(e))
+        async with client:
             self.unit = unit = Unit(client, self.store.name, args.resource, self.runner.progress)
             unit.start(resumed=self.checkpoint is not None, records_before=self.before)
-            if limit is not None and self.before >= limit:
+            if limit is not None and self.records >= limit:
                 self.cursor = None
                 self._save()
                 unit.done()
@@ -297,11 +248,10 @@ class Pull:
                     params=self.params,
                     prefetch=None if limit is None else 0,
                 ):
-                    room = None if limit is None else limit - self.before - self.records
+                    room = None if limit is None else limit - self.records
                     records = page.data[:room]
                     self._write(records)
-                    self.records += len(records)
-                    self.pages += 1
+                    self.records, self.pages = self.records + len(records), self.pages + 1
                     done = room is not None and len(records) >= room
                     self.cursor = None if done else page.next_cursor
                     self._save()
@@ -325,13 +275,11 @@ class Pull:
         try:
             self.runner.run(self.pull)
         except CommandFailed as exc:
-            if exc.code != 1 and self.cursor and (self.pages or self.checkpoint is not None):
-                self.out.note(f"interrupted after {self._written()}; {self._how_to_continue()}")
+            if exc.code != 1 and (how := self._how_to_continue()):
+                self.out.note(f"interrupted after {plural(self.records, 'record')}; {how}")
             raise
-        except BrokenPipeError:
-            # The reader went away (e.g. `| head`): not an error of ours.
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error of ours
+            silence_stdout()
             return EXIT_OK
         finally:
             if self.file is not None:
@@ -344,25 +292,22 @@ class Pull:
             # The plain and JSON lines printed the failure when it happened.
             plain = self.runner.mode in ("plain", "json")
             lines = [] if plain else [f"{row.store}, {row.resource}: {row.error}"]
-            if self.cursor and (self.pages or self.checkpoint is not None):
-                lines.append(f"{self._written()} written; {self._how_to_continue()}")
+            if how := self._how_to_continue():
+                lines.append(f"{plural(self.records, 'record')} written; {how}")
             raise CommandFailed(lines)
         if not self.args.quiet:
-            total = self.before + self.records
+            before = f", {plural(self.before, 'record')} of them before resuming"
+            learned = learned_text(row.stats)
             self.out.note(
-                f"{plural(total, self.args.resource[:-1])} in "
-                f"{plural(self.pages_before + self.pages, 'page')} ({row.elapsed():.1f}s)"
-                + (
-                    f", {plural(self.before, 'record')} of them before resuming"
-                    if self.before
-                    else ""
-                )
+                f"{plural(self.records, self.args.resource[:-1])} in "
+                f"{plural(self.pages, 'page')} ({row.elapsed():.1f}s)"
+                + (before if self.before else "")
                 + self._rate_limited(row.stats, row.allowed)
-                + self._learned(row.stats)
+                + (f"; {self.args.resource}: {learned}" if learned else "")
             )
         return EXIT_OK
 
-    def _rate_limited(self, stats: PoolStats, allowed: Any) -> str:
+    def _rate_limited(self, stats: PoolStats, allowed: Rate | None) -> str:
         """After 429s, the pace the server allowed (as the client slowed to it)."""
         if not stats.rate_limited:
             return ""
@@ -372,15 +317,10 @@ class Pull:
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
         return f"{said}: the server allowed about {1 / stats.interval:.2f} requests/s{configured}"
 
-    def _learned(self, stats: PoolStats) -> str:
-        """What the pull knows of the server's limits now, when it found them."""
-        said = learned_text(stats)
-        return f"; {self.args.resource}: {said}" if said else ""
-
-    def _written(self) -> str:
-        return plural(self.before + self.records, "record")
-
-    def _how_to_continue(self) -> str:
+    def _how_to_continue(self) -> str | None:
+        """How to continue a pull stopped with pages written (None: nothing to continue)."""
+        if not self.cursor or not self.pages:
+            return None
         if self.path is not None:
             return "rerun the same command to continue (--restart starts over)"
         return f"resume with --after-cursor {self.cursor}"

@@ -6,14 +6,15 @@ import argparse
 import asyncio
 import collections
 import sys
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import attrs
 
 from ..sync import sink_for
+from ._common import report_options
 from ._output import Output
 from ._progress import plural
-from ._tables import print_json, print_table, report_options
+from ._tables import print_json, print_table
 
 __all__ = ["add_parser", "cmd_sync_status"]
 
@@ -33,6 +34,19 @@ def add_parser(commands: Any) -> None:
     )
     report_options(status)
     status.set_defaults(handler=cmd_sync_status, debug=False)
+
+
+_HEADERS: Final = (
+    "store",
+    "resource",
+    "state",
+    "holder",
+    "lease",
+    "records",
+    "pages",
+    "cursor age",
+    "error",
+)
 
 
 def _age(seconds: float) -> str:
@@ -75,26 +89,11 @@ def cmd_sync_status(
         document = {"database": sink.where, "units": units_json, "states": dict(counts)}
         print_json(document, stream=stream or sys.stdout)
         return 0
-    print_table(
-        "sync units",
-        [
-            "store",
-            "resource",
-            "state",
-            "holder",
-            "lease",
-            "records",
-            "pages",
-            "cursor age",
-            "error",
-        ],
-        rows,
-        stream=stream or sys.stdout,
-        footer=[
-            f"{plural(len(rows), 'unit')} in {sink.where}: "
-            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-            + " (records, pages: the unit's current or last run; lease: left before another "
-            "worker may take it over, negative: expired; cursor age: since its last commit)"
-        ],
+    footer = (
+        f"{plural(len(rows), 'unit')} in {sink.where}: "
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + " (records, pages: the unit's current or last run; lease: left before another "
+        "worker may take it over, negative: expired; cursor age: since its last commit)"
     )
+    print_table("sync units", _HEADERS, rows, stream=stream or sys.stdout, footer=[footer])
     return 0

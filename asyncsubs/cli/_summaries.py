@@ -1,43 +1,117 @@
-"""The tables a sync ends with: per (store, resource), and per store's webhooks."""
+"""The tables a sync ends with: per (store, resource), and per store's webhooks; the same
+figures as ``--log-format json``'s last event; and the webhooks' totals and first-refusal line
+the displays show meanwhile."""
 
 from __future__ import annotations
 
-from typing import IO, Any
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any, Final
 
 import attrs
 
-from ._display import row_figures
-from ._progress import Progress, allowed_cell, learned_text, page_cell, plural
+from ..stores import WebhookCounts, WebhookRefused
+from ._output import Output
+from ._progress import COLUMNS, Progress, cells, learned_text, plural
 from ._tables import print_table
-from ._webhooks import by_reason, refusals, refused, webhook_totals
 
-__all__ = ["summary_fields", "sync_summary", "webhook_summary"]
+__all__ = [
+    "WebhookTotals",
+    "refusal_line",
+    "summarise",
+    "summary_fields",
+    "sync_summary",
+    "webhook_summary",
+    "webhook_totals",
+]
+
+_HEADERS: Final = tuple(c for c in COLUMNS if c not in ("records/s", "last error"))
+_ALLOWED: Final = _HEADERS.index("req/s (allowed)")
+
+
+@attrs.frozen
+class WebhookTotals:
+    """Every store's webhooks together."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    applied: int = 0
+    deletes: int = 0
+    stale: int = 0
+    ignored: int = 0
+    dead_letters: int = 0
+    #: Refused deliveries: not signed as configured, wrong store, not an event, too large.
+    refused: int = 0
+    #: Store -> reason -> deliveries refused, for the stores that refused any.
+    refusals: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict)
+
+    def line(self) -> str:
+        line = (
+            f"webhooks: {self.accepted:,} accepted, {plural(self.duplicates, 'duplicate')}, "
+            f"{self.applied:,} applied ({plural(self.deletes, 'delete')}), {self.stale:,} stale, "
+            f"{self.ignored:,} ignored, {plural(self.dead_letters, 'dead letter')}, "
+            f"{self.refused:,} refused"
+        )
+        if self.refusals:
+            line += f" ({'; '.join(f'{s}: {by_reason(r)}' for s, r in self.refusals.items())})"
+        return line
+
+
+def webhook_figures(counts: WebhookCounts) -> dict[str, Any]:
+    """One store's webhooks, as its summary row and JSON show them; ``refusals``: by reason, a
+    ``Refusal`` value (401, 403, 400) or ``too_large`` (413)."""
+    receiver = counts.receiver
+    refusals = dict(receiver.refusals)
+    if receiver.too_large:
+        refusals["too_large"] = receiver.too_large
+    return {
+        "accepted": receiver.accepted,
+        "duplicates": receiver.duplicates,
+        "applied": counts.applied,
+        "deletes": counts.deletes,
+        "stale": counts.stale,
+        "ignored": counts.ignored,
+        "refused": sum(refusals.values()),
+        "refusals": refusals,
+        "dead_letters": receiver.dead_lettered,
+        "kept": receiver.unfinished,
+        "lost": receiver.unsaved,
+    }
+
+
+def by_reason(counts: Mapping[str, int]) -> str:
+    """``100 bad_signature, 3 wrong_store``: the most frequent first."""
+    return ", ".join(f"{n:,} {reason}" for reason, n in sorted(counts.items(), key=lambda c: -c[1]))
+
+
+def refusal_line(event: WebhookRefused) -> str:
+    """The first delivery of a store refused for a reason, and what to check."""
+    return (
+        f"warning: webhook delivery for store {event.store} refused: {event.detail} "
+        f"[{event.reason}, HTTP {event.status}]. Check {event.check}. Further {event.reason} "
+        "refusals of this store are counted in the webhooks line and the summary, not shown"
+    )
+
+
+def webhook_totals(hooks: Mapping[str, WebhookCounts]) -> WebhookTotals:
+    figures = {store: webhook_figures(counts) for store, counts in hooks.items()}
+    totals: dict[str, Any] = {
+        field.name: sum(f[field.name] for f in figures.values())
+        for field in attrs.fields(WebhookTotals)[:-1]
+    }
+    refusals = {store: f["refusals"] for store, f in figures.items() if f["refused"]}
+    return WebhookTotals(**totals, refusals=refusals)
 
 
 def sync_summary(
     progress: Progress, elapsed: float, where: str, *, stream: IO[str], runs: int | None = None
 ) -> None:
-    rows, learned = [], []
+    rows, now = [], time.monotonic()
     for row in progress.rows.values():
-        stats = row.stats
-        if said := learned_text(stats):
-            learned.append(f"{row.store}/{row.resource}: {said}")
-        rows.append(
-            [
-                row.store,
-                row.resource,
-                row.state,
-                row.records_cell(),
-                f"{row.pages:,}",
-                "" if row.rows is None else f"{row.rows:,}",
-                f"{stats.requests:,}",
-                allowed_cell(row) if row.started is not None else "",
-                page_cell(row),
-                f"{stats.rate_limited:,}",
-                f"{stats.retries:,}",
-                f"{row.elapsed():.1f}s",
-            ]
-        )
+        rows.append(cells(row, _HEADERS, now))
+        if row.started is None:
+            rows[-1][_ALLOWED] = ""
     stores = plural(len({row.store for row in progress.rows.values()}), "store")
     before = progress.records_before
     resumed = f" (+{before:,} before resuming)" if before else ""
@@ -51,68 +125,28 @@ def sync_summary(
             f"{plural(progress.pulled, 'record')} pulled in {plural(runs, 'run')} from "
             f"{stores} in {elapsed:.1f}s into {where}; the rows show the last run"
         )
-    print_table(
-        "sync summary",
-        [
-            "store",
-            "resource",
-            "status",
-            "records",
-            "pages",
-            "rows",
-            "requests",
-            "req/s (allowed)",
-            "page",
-            "429s",
-            "retries",
-            "time",
-        ],
-        rows,
-        stream=stream,
-        footer=[
-            f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
-            "resource's pool; req/s: requests per second achieved, and the pool's rate: "
-            "configured, announced by the server, or learned; page: records per page)",
-            *(f"learned: {line}" for line in learned),
-            *([progress.idle] if progress.idle else []),
-        ],
-    )
+    learned = [(row.key, learned_text(row.stats)) for row in progress.rows.values()]
+    footer = [
+        f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
+        "resource's pool; req/s: requests per second achieved, and the pool's rate: "
+        "configured, announced by the server, or learned; page: records per page)",
+        *(f"learned: {key}: {said}" for key, said in learned if said),
+        *([progress.idle] if progress.idle else []),
+    ]
+    print_table("sync summary", _HEADERS, rows, stream=stream, footer=footer)
 
 
 def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
+    figures = {store: webhook_figures(hook) for store, hook in progress.webhooks.items()}
     rows = [
-        [
-            store,
-            f"{hook.receiver.accepted:,}",
-            f"{hook.receiver.duplicates:,}",
-            f"{hook.applied:,}",
-            f"{hook.deletes:,}",
-            f"{hook.stale:,}",
-            f"{hook.ignored:,}",
-            f"{refused(hook):,}",
-            by_reason(refusals(hook)),
-            f"{hook.receiver.dead_lettered:,}",
-            f"{hook.receiver.unfinished:,}",
-            f"{hook.receiver.unsaved:,}",
-        ]
-        for store, hook in progress.webhooks.items()
+        [store, *(by_reason(v) if isinstance(v, dict) else f"{v:,}" for v in f.values())]
+        for store, f in figures.items()
     ]
+    names = {"refusals": "refused for", "dead_letters": "dead letters"}
+    headers = ["store", *(names.get(key, key) for key in webhook_figures(WebhookCounts("")))]
     print_table(
         "webhooks",
-        [
-            "store",
-            "accepted",
-            "duplicates",
-            "applied",
-            "deletes",
-            "stale",
-            "ignored",
-            "refused",
-            "refused for",
-            "dead letters",
-            "kept",
-            "lost",
-        ],
+        headers,
         rows,
         stream=stream,
         footer=[
@@ -130,15 +164,14 @@ def webhook_summary(progress: Progress, *, stream: IO[str]) -> None:
 def summary_fields(
     progress: Progress, elapsed: float, where: str, *, runs: int | None = None
 ) -> dict[str, Any]:
-    """What both tables show, as the fields of ``--log-format json``'s last event: taken once
-    the command stopped, so nothing counted in its last moments is missing."""
+    """What both tables show, as the fields of ``--log-format json``'s last event."""
     fields: dict[str, Any] = {
         "records": progress.records if runs is None else progress.pulled,
         "stores": len({row.store for row in progress.rows.values()}),
         "elapsed": round(elapsed, 3),
         "database": where,
         "units": [
-            {"store": row.store, "resource": row.resource, **row_figures(row)}
+            {"store": row.store, "resource": row.resource, **row.figures()}
             for row in progress.rows.values()
         ],
     }
@@ -147,19 +180,18 @@ def summary_fields(
     if progress.webhooks:
         fields["webhooks"] = attrs.asdict(webhook_totals(progress.webhooks))
         fields["webhook_stores"] = {
-            store: {
-                "accepted": hook.receiver.accepted,
-                "duplicates": hook.receiver.duplicates,
-                "applied": hook.applied,
-                "deletes": hook.deletes,
-                "stale": hook.stale,
-                "ignored": hook.ignored,
-                "refused": refused(hook),
-                "refusals": refusals(hook),
-                "dead_letters": hook.receiver.dead_lettered,
-                "kept": hook.receiver.unfinished,
-                "lost": hook.receiver.unsaved,
-            }
-            for store, hook in progress.webhooks.items()
+            store: webhook_figures(hook) for store, hook in progress.webhooks.items()
         }
     return fields
+
+
+def summarise(
+    progress: Progress, started: float, where: str, out: Output, *, runs: int | None = None
+) -> None:
+    """The tables on stdout (the webhooks' too with ``runs``: ``sync --listen``), and their
+    figures as the last JSON event: taken once the command stopped, so nothing is missing."""
+    elapsed = time.monotonic() - started
+    sync_summary(progress, elapsed, where, stream=sys.stdout, runs=runs)
+    if runs is not None:
+        webhook_summary(progress, stream=sys.stdout)
+    out.event("summary", **summary_fields(progress, elapsed, where, runs=runs))

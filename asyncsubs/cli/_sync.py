@@ -2,7 +2,8 @@
 
 The command reads ``--db`` and the config file (every problem before any request), holds the
 database (SQLite: one sync at a time), and runs one round of ``asyncsubs.sync`` with its
-progress shown; ``--listen`` keeps it running with webhooks (``_listen``).
+progress shown; ``--listen`` keeps it running with webhooks (``asyncsubs.sync.ListenSync``),
+the receivers' warnings shown among the progress.
 """
 
 from __future__ import annotations
@@ -11,26 +12,21 @@ import argparse
 import contextlib
 import logging
 import os
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from ..errors import ConfigError
+from ..stores import DEFAULT_MAX_STORES, RESOURCES, Message, check_redis_url, load_config
 from ..sync import (
     DEFAULT_DB_TIMEOUT,
     DEFAULT_LEASE,
-    DEFAULT_MAX_STORES,
     DEFAULT_RECONCILE_EVERY,
-    RESOURCES,
-    Sink,
-    StoreConfig,
+    ListenSync,
     SyncEngine,
-    check_redis_url,
-    load_config,
     run_round,
     sink_for,
 )
@@ -45,11 +41,10 @@ from ._common import (
     positive_float,
     positive_int,
 )
-from ._listen import listen_address, run_listen
-from ._output import Output
-from ._summaries import summary_fields, sync_summary
+from ._output import Output, logging_to
+from ._summaries import summarise
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "parse_listen"]
 
 
 def _resource_list(values: Sequence[str] | None) -> list[str] | None:
@@ -150,12 +145,52 @@ def add_parser(commands: Any, output: argparse.ArgumentParser) -> None:
     sync.set_defaults(handler=cmd_sync)
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0: any free port) -> (host, port)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"--listen takes HOST:PORT (e.g. 0.0.0.0:8080), got {text!r}")
+    return host, int(port_text)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    try:
+        return parse_listen(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _ReceiverLog(logging.Handler):
+    """The receivers' warnings and errors (failed and dead-lettered events, bodies too large)
+    as one line each among the progress, without traceback (--debug has them). They stay log
+    records: that is how the receivers speak to any application. A refused delivery is left
+    out: the display shows its ``WebhookRefused`` event, with the keys to check."""
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__(logging.WARNING)
+        self.runner = runner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "webhook_refusal", None) is not None:
+            return
+        try:
+            text = " ".join(record.getMessage().split())
+            if self.runner.progress.shown:
+                self.runner.progress(Message(f"{record.levelname.lower()}: {text}"))
+            elif record.levelno >= logging.ERROR:  # --quiet: errors only
+                self.runner.out.error(text)
+        except Exception:
+            self.handleError(record)
+
+
 def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     sink = sink_for(args.db, lease=args.lease, timeout=args.db_timeout)
     if args.listen is None and args.reconcile_every is not None:
         raise ConfigError("--reconcile-every needs --listen")
     redis = None if args.redis is None else check_redis_url(args.redis, where="--redis")
-    configs = load_config(
+    stores = load_config(
         Path(args.config),
         os.environ,
         resources=_resource_list(args.resources),
@@ -164,61 +199,58 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
         names=CONFIG_FLAGS,
     )
     if redis is not None:
-        configs = [attrs.evolve(config, redis=redis) for config in configs]
+        stores = [attrs.evolve(store, redis=redis) for store in stores]
     if args.redis_fallback is not None:
-        if not any(config.redis for config in configs):
+        if not any(store.redis for store in stores):
             raise ConfigError("--redis-fallback needs --redis (or the config key redis)")
-        configs = [attrs.evolve(config, redis_fallback=args.redis_fallback) for config in configs]
-    runner = Runner(args, out)
-    with sink.lock(), _driver_log(enabled=args.debug):
-        if args.listen is not None:
-            return run_listen(args, configs, sink, runner)
-        return _sync(args, configs, sink, runner)
-
-
-@contextlib.contextmanager
-def _driver_log(*, enabled: bool) -> Iterator[None]:
-    """psycopg's pool logs each failed connection attempt as a bare line of its own; the
-    command says what they mean (a failed pull, tried again; the error it ends with) in its
-    own lines, so they are shown only with --debug."""
-    if enabled:
-        yield
-        return
-    logger, handler = logging.getLogger("psycopg"), logging.NullHandler()
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-
-
-def _sync(args: argparse.Namespace, configs: list[StoreConfig], sink: Sink, runner: Runner) -> int:
-    started = time.monotonic()
+        stores = [attrs.evolve(store, redis_fallback=args.redis_fallback) for store in stores]
+    runner, started, listening = Runner(args, out), time.monotonic(), args.listen is not None
 
     async def sync() -> None:
-        async with (
-            sink,
-            SyncEngine(
-                configs, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
-            ) as e,
-        ):
-            await run_round(e)
+        progress, most = runner.progress, args.max_stores
+        engine = SyncEngine(stores, sink, progress, max_stores=most, user_agent=USER_AGENT)
+        async with sink, engine:
+            await run_round(engine)
 
-    def summary() -> None:
-        if not args.quiet:
-            elapsed = time.monotonic() - started
-            sync_summary(runner.progress, elapsed, sink.where, stream=sys.stdout)
-            runner.out.event("summary", **summary_fields(runner.progress, elapsed, sink.where))
+    async def listen() -> None:  # runs until stopped: it ends only by a signal or a failure
+        host, port = args.listen
+        every = DEFAULT_RECONCILE_EVERY if args.reconcile_every is None else args.reconcile_every
+        listening = ListenSync(
+            stores, sink, runner.progress, max_stores=args.max_stores, user_agent=USER_AGENT
+        )
+        # With --debug the library's own log lines show the receivers'.
+        log = _ReceiverLog(runner)
+        with contextlib.nullcontext() if args.debug else logging_to("asyncsubs.webhooks", log):
+            async with listening:
+                try:
+                    await listening.run(host, port, every)
+                except ConfigError as exc:
+                    if exc.key != "listen":
+                        raise
+                    raise ConfigError(exc.problem, key="--listen", sep=" ") from None
 
-    try:
-        runner.run(sync)
-    except CommandFailed as exc:
-        summary()
-        if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-            runner.out.note(
-                "interrupted; every committed page is kept: rerun the same command to resume"
-            )
-        raise
-    summary()
+    # psycopg's pool logs each failed connection attempt as a bare line; the command says what
+    # they mean in its own lines, so they are shown only with --debug.
+    drivers = (
+        contextlib.nullcontext() if args.debug else logging_to("psycopg", logging.NullHandler())
+    )
+    with sink.lock(), drivers:
+        try:
+            runner.run(listen if listening else sync)
+        except CommandFailed as exc:
+            if not args.quiet:
+                runs = runner.progress.runs if listening else None
+                summarise(runner.progress, started, sink.where, out, runs=runs)
+            if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+                out.note(
+                    "stopped; accepted webhooks not applied yet are kept in webhook_inbox and "
+                    "every committed page is kept: rerun the same command to continue"
+                    if listening
+                    else "interrupted; every committed page is kept: rerun the same command to "
+                    "resume"
+                )
+            raise
+    if not args.quiet:
+        summarise(runner.progress, started, sink.where, out)
     runner.raise_failures()
     return 0
