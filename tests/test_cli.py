@@ -31,7 +31,7 @@ from asyncsubs.cli._display import LIVE_HEADERS, live_row, progress_line
 from asyncsubs.cli._fake_server import env_name
 from asyncsubs.cli._progress import Progress
 from asyncsubs.limiting import PoolStats
-from asyncsubs.sync import Retrying, UnitStarted, load_config
+from asyncsubs.stores import Retrying, UnitStarted, load_config
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, serve_in_thread
 
 TOKEN_ENV = "ASYNCSUBS_TOKEN"

@@ -35,18 +35,15 @@ from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._summaries import sync_summary
 from asyncsubs.errors import ConfigError
 from asyncsubs.limiting import PoolStats
-from asyncsubs.sync import (
+from asyncsubs.stores import (
     ConfigFileError,
     PageCommitted,
-    PageWrite,
-    SyncEngine,
     UnitDone,
     UnitStarted,
     load_config,
     parse_rate,
-    run_round,
-    sink_for,
 )
+from asyncsubs.sync import PageWrite, SyncEngine, run_round, sink_for
 from asyncsubs.sync.sqlite import SQLiteSink, hold_database
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 

@@ -31,17 +31,9 @@ from asyncsubs.cli._display import PlainLines
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._sync import parse_listen
 from asyncsubs.errors import ConfigError
-from asyncsubs.sync import (
-    ConfigFileError,
-    DatabaseError,
-    ListenSync,
-    Message,
-    PageWrite,
-    StoreConfig,
-    WebhookCounts,
-    load_config,
-    sink_for,
-)
+from asyncsubs.stores import ConfigFileError, Message, WebhookCounts, load_config
+from asyncsubs.stores import Store as StoreConfig
+from asyncsubs.sync import DatabaseError, ListenSync, PageWrite, sink_for
 from asyncsubs.sync.sqlite import SQLiteSink
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig
 from asyncsubs.webhooks import ReceiverStats, signature_header_value

@@ -31,7 +31,8 @@ from postgres_fixtures import postgres_server_fixture
 from redis_fixtures import RedisServer, own_redis_server_fixture
 from test_sync_listen import SECRETS, environment, fake_server, listen_configs, write_config
 
-from asyncsubs.sync import DatabaseError, DatabaseUnavailable, ListenSync, Message, sink_for
+from asyncsubs.stores import Message
+from asyncsubs.sync import DatabaseError, DatabaseUnavailable, ListenSync, sink_for
 from asyncsubs.testing import FakeAdminServer, no_waiting
 from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value

@@ -40,17 +40,10 @@ from asyncsubs.cli._display import JsonLines, LiveTable, PlainLines
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._summaries import webhook_summary
 from asyncsubs.errors import ConfigError
+from asyncsubs.stores import ConfigFileError, Event, WebhookCounts, WebhookRefused, load_config
+from asyncsubs.stores import Store as StoreConfig
 from asyncsubs.stores._config import StoreTable
-from asyncsubs.sync import (
-    ConfigFileError,
-    Event,
-    ListenSync,
-    StoreConfig,
-    WebhookCounts,
-    WebhookRefused,
-    load_config,
-    sink_for,
-)
+from asyncsubs.sync import ListenSync, sink_for
 from asyncsubs.sync._listen import KEYS_TO_CHECK, what_to_check
 from asyncsubs.testing import FakeAdminServer
 from asyncsubs.webhooks import ReceiverStats, Refusal, WebhookConfig

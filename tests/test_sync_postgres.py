@@ -36,6 +36,7 @@ from asyncsubs.__main__ import main
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
 from asyncsubs.cli._summaries import sync_summary
+from asyncsubs.stores import load_config
 from asyncsubs.sync import (
     DatabaseError,
     LeaseLostError,
@@ -43,7 +44,6 @@ from asyncsubs.sync import (
     PageWrite,
     Sink,
     SyncEngine,
-    load_config,
     run_round,
     sink_for,
 )

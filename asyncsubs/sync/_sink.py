@@ -29,7 +29,6 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadLetters",
     "Dialect",
-    "LearnedLimits",
     "LeaseLostError",
     "Leases",
     "PageWrite",
@@ -530,7 +529,6 @@ class Records(Protocol):
 
 
 #: What each store's pools learned of the server, kept for its next sync.
-LearnedLimits = LearnedStore
 
 
 class WebhookTables(Protocol):
@@ -546,7 +544,7 @@ class WebhookTables(Protocol):
         ...
 
 
-class Sink(Records, LearnedLimits, WebhookTables, Protocol):
+class Sink(Records, LearnedStore, WebhookTables, Protocol):
     """Where a sync writes, every role: ``sqlite.SQLiteSink`` (one writer) or
     ``postgres.PostgresSink`` (shared by workers through its ``Leases``); ``sink_for(url)``
     picks one."""
