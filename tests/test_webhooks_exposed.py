@@ -218,6 +218,37 @@ async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
     await dead.aclose()
 
 
+async def test_dead_letters_requeued_before_start_are_handled_once(tmp_path: Path) -> None:
+    """Requeued before the receiver starts, a dead letter goes into the inbox; ``start`` queues
+    it with the rest of the inbox, once (not once from each)."""
+    calls: list[str] = []
+
+    async def failing(event: WebhookEvent) -> None:
+        calls.append(event.id)
+        raise RuntimeError("still broken")
+
+    inbox = SQLiteInbox(tmp_path / "hooks.db")
+    dead = SQLiteDeadLetters(tmp_path / "hooks.db")
+    config = WebhookConfig(SECRET, max_handler_attempts=2)
+    async with WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead) as r:
+        url = await r.listen()
+        async with aiohttp.ClientSession() as session:
+            body = body_of("x")
+            async with session.post(url, data=body, headers=signed(body)) as resp:
+                assert resp.status == 200
+        await r.join()
+    receiver = WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead)
+    assert await receiver.requeue_dead_letters() == 1
+    assert [e.event_id for e in await inbox.pending("acme")] == ["x"]
+    await receiver.start()
+    await receiver.join()
+    await receiver.aclose()
+    assert calls == ["x"] * 4  # two attempts in each life
+    assert [d.attempts for d in await dead.all()] == [4]
+    await inbox.aclose()
+    await dead.aclose()
+
+
 # --- the listener --------------------------------------------------------------------------------
 
 

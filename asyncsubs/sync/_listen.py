@@ -319,9 +319,10 @@ class ListenSync:
             problem = f"{host}:{port}: cannot listen ({exc.strerror or exc})"
             raise ConfigError(problem, key="listen", sep=" ") from None
         self._exit.push_async_callback(listener.aclose)
+        # Before the inbox resumes: a resumed event that fails again now waits for the next start.
+        await self._requeue_dead_letters()
         for receiver in self.receivers.values():
             await receiver.start()
-        await self._requeue_dead_letters()
         self._exit.callback(asyncio.create_task(self._watch_counts()).cancel)
         shown = f"[{host}]" if ":" in host else host
         return {

@@ -694,7 +694,8 @@ class WebhookReceiver:
         made the handler fail; returns how many. With ``max_attempts``, only letters that have
         had fewer handler attempts in all. Each leaves the dead-letter store as it is queued
         (into the inbox first, when there is one); if it fails again, it returns there with
-        its attempts added up."""
+        its attempts added up. Before :meth:`start`, a receiver with an inbox leaves them to it:
+        ``start`` queues them with what else the inbox holds."""
         count = 0
         for letter in await self.dead_letters.all():
             if letter.store != self.store:
@@ -716,9 +717,9 @@ class WebhookReceiver:
                 queue = await self.inbox.add(entry)  # False: already pending
             # Only this store's: other stores' letters may share the event id.
             await remove_store_letters(self.dead_letters, self.store, letter.event_id)
-            if queue:
+            count += queue
+            if queue and (self.inbox is None or self._resumed):
                 self._ensure_workers()
                 self._queue.put_nowait(_Item(event, letter.body, letter.attempts))
                 self._stats.resumed += 1
-                count += 1
         return count
