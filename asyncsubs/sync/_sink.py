@@ -572,8 +572,8 @@ class Leases(Protocol):
         ...
 
     async def claim(self, units: Sequence[Unit], *, prefer: Sequence[str] = ()) -> Unit | None:
-        """Take the lease of one pending unit nobody holds, stores in ``prefer`` first; None
-        when there is none."""
+        """Take the lease of one pending unit nobody else holds, stores in ``prefer`` first;
+        None when there is none."""
         ...
 
     async def renew(self, units: Sequence[Unit]) -> list[Unit]:

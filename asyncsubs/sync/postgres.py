@@ -410,7 +410,8 @@ class PostgresSink(SQLSink):
     async def claim(
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
-        # Leaving a worker that has none the units it is owed (see above).
+        # Leaving a worker that has none the units it is owed (see above). A unit of ``units``
+        # this worker holds is one it is not pulling: an attempt that failed left it held.
         params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
@@ -418,7 +419,7 @@ class PostgresSink(SQLSink):
                         lease_until = now() + make_interval(secs => %(lease)s)
                     FROM (SELECT store, resource FROM {UNITS_TABLE} u
                           WHERE {_IN_UNITS} AND state = 'pending'
-                            AND (holder IS NULL OR lease_until < now())
+                            AND (holder IS NULL OR holder = %(holder)s OR lease_until < now())
                             AND NOT {_owed(_held("%(holder)s"))}
                           ORDER BY store = ANY(%(prefer)s) DESC, store, resource
                           LIMIT 1 FOR UPDATE SKIP LOCKED) AS free
