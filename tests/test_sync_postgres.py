@@ -170,6 +170,31 @@ async def test_both_sinks_keep_the_same_upsert_rules(sink_url: str) -> None:
         await sink.aclose()
 
 
+async def test_both_sinks_keep_the_newer_or_equal_of_an_id_a_page_repeats(sink_url: str) -> None:
+    # As instants, 11:00+02:00 is older than 10:00:01Z (as text it would be newer).
+    old, new = "2026-01-01T11:00:00+02:00", "2026-01-01T10:00:01Z"
+    versions = [(1, "new", new), (1, "old", old), (2, "old", old), (2, "new", new)]
+    versions += [(3, "first", new), (3, "last", new), (2, "stale", old)]
+    records = [{"id": i, "status": status, "updatedAt": at} for i, status, at in versions]
+    sink = make_sink(sink_url)
+    await sink.open()
+    try:
+        if isinstance(sink, PostgresSink):
+            await sink.join_round([("s", "orders")])
+            assert await sink.claim([("s", "orders")]) == ("s", "orders")
+        await sink.commit_page(page("s", records, None, new=True))
+        assert (await sink.load_state("s", "orders")).run_records == 7
+    finally:
+        await sink.aclose()
+    sql = "SELECT id, status FROM orders WHERE store = 's' ORDER BY id"
+    if isinstance(sink, PostgresSink):
+        rows = [tuple(row) for row in query(sink_url, sql)]
+    else:
+        with contextlib.closing(sqlite3.connect(sink_url)) as conn:
+            rows = conn.execute(sql).fetchall()
+    assert rows == [("1", "new"), ("2", "new"), ("3", "last")]
+
+
 async def test_both_sinks_keep_integers_beyond_64_bits_exactly(sink_url: str) -> None:
     sink = make_sink(sink_url)
     big = 2**64 + 1

@@ -244,7 +244,7 @@ class Statements:
             f" VALUES ({p('store')}, {p('learned')}, {d.now})"
             f" ON CONFLICT (store) DO UPDATE SET {_set_excluded('learned, updated_at')}"
         )
-        self._upserts: dict[str, str] = {}
+        self._upserts: dict[tuple[str, str], str] = {}
 
     def count(self, resource: str) -> str:
         return f"SELECT count(*) FROM {resource} WHERE store = {self.dialect.param.format('store')}"
@@ -253,23 +253,24 @@ class Statements:
         p = self.dialect.param.format
         return f"DELETE FROM {resource} WHERE store = {p('store')} AND id = {p('id')}"
 
-    def upsert(self, resource: str) -> str:
+    def upsert(self, resource: str, rows: str = "") -> str:
         # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
         # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare
         # as instants when they parse (``Z`` and offsets mix), as text otherwise. Equal stamps
         # replace: the next (inclusive) incremental pull settles same-second changes. A
-        # deleted id never comes back.
-        if resource in self._upserts:
-            return self._upserts[resource]
+        # deleted id never comes back. ``rows``: a FROM item ``v`` (default: one record's).
+        if (resource, rows) in self._upserts:
+            return self._upserts[resource, rows]
         d, p = self.dialect, self.dialect.param.format
-        values = ", ".join(p(column) for column in ("store", "id", *_TYPED, "raw"))
+        columns = ", ".join(("id", *_TYPED, "raw"))
+        source = rows or f"(SELECT {', '.join(f'{p(c)} AS {c}' for c in columns.split(', '))}) v"
         new, old = d.instant.format("excluded.updated_at"), d.instant.format("t.updated_at")
         update = _set_excluded("status, customer_id, created_at, updated_at, raw, synced_at")
-        self._upserts[resource] = sql = f"""INSERT INTO {resource} AS t
-                (store, id, {", ".join(_TYPED)}, raw, synced_at)
-            SELECT {values}, {d.now}
+        self._upserts[resource, rows] = sql = f"""INSERT INTO {resource} AS t
+                (store, {columns}, synced_at)
+            SELECT {p("store")}, {columns}, {d.now} FROM {source}
             WHERE NOT EXISTS (SELECT 1 FROM {DELETED_TABLE}
-                WHERE store = {p("store")} AND resource = '{resource}' AND id = {p("id")})
+                WHERE store = {p("store")} AND resource = '{resource}' AND id = v.id)
             ON CONFLICT (store, id) DO UPDATE SET {update}
             WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
                 OR coalesce({new} >= {old}, excluded.updated_at >= t.updated_at)"""
@@ -569,8 +570,8 @@ class Leases(Protocol):
         ...
 
     async def claim(self, units: Sequence[Unit], *, prefer: Sequence[str] = ()) -> Unit | None:
-        """Take the lease of one pending unit nobody holds, stores in ``prefer`` first; None
-        when there is none."""
+        """Take the lease of one pending unit nobody else holds, stores in ``prefer`` first;
+        None when there is none."""
         ...
 
     async def renew(self, units: Sequence[Unit]) -> list[Unit]:

@@ -6,8 +6,8 @@ round and the lease of the worker pulling it (the sink's ``Leases``, see ``_sche
 ``asyncsubs_sync_workers``, the workers of the round; ``webhook_inbox`` and
 ``webhook_dead_letters`` for a ``ListenSync``.
 
-Built on psycopg 3, the reference driver: native asyncio, its pool, pipelined
-``executemany`` (a page's upserts are one round trip), libpq's URLs and environment
+Built on psycopg 3, the reference driver: native asyncio, its pool, arrays (a page's
+records are one ``unnest`` upsert), libpq's URLs and environment
 (``PGPASSWORD``, ``.pgpass``, ``sslmode``), SQLSTATE codes, ``LISTEN``/``NOTIFY`` to wake
 waiting workers. Every page commit checks, in its transaction, that this worker still holds
 the unit's lease: one that lost it cannot write over its successor's pages.
@@ -63,7 +63,7 @@ INBOX_TABLE: Final = "webhook_inbox"
 DEAD_LETTER_TABLE: Final = "webhook_dead_letters"
 #: The channel released and finished units are announced on.
 CHANNEL: Final = "asyncsubs_units"
-#: Connections per worker: page commits are short (one pipelined round trip per page), so a
+#: Connections per worker: page commits are short (a few statements per page), so a
 #: few serve hundreds of units; the LISTEN connection is extra.
 POOL_SIZE: Final = 4
 #: Seconds an operation waits for a connection by default.
@@ -138,6 +138,13 @@ _SQL: Final = Statements(
 )
 
 
+_PAGE_COLUMNS: Final = ("id", "status", "customer_id", "created_at", "updated_at", "raw")
+#: A page's rows for ``Statements.upsert``: its records' parameters, a list per column, sent
+#: binary (as array text, the JSON would be escaped character by character).
+_PAGE: Final = (
+    f"unnest({', '.join(f'%({c})b::text[]' for c in _PAGE_COLUMNS[:-1])}, %(raw)b::jsonb[])"
+    f" AS v({', '.join(_PAGE_COLUMNS)})"
+)
 #: Whether a row is one of the units given as two arrays, parameters ``stores``, ``resources``.
 _IN_UNITS: Final = (
     "(store, resource) IN (SELECT * FROM unnest(%(stores)s::text[], %(resources)s::text[]))"
@@ -329,9 +336,15 @@ class PostgresSink(SQLSink):
             )
             if cur.rowcount == 0:
                 raise LeaseLostError(f"{w.store}/{w.resource}")
-            if rows:
-                async with conn.cursor() as cursor:
-                    await cursor.executemany(_SQL.upsert(w.resource), rows)
+            # A statement may update a row once: an id the page repeats goes in the next one.
+            batches: list[dict[str, dict[str, Any]]] = []
+            for row in rows:
+                if all(row["id"] in b for b in batches):
+                    batches.append({})
+                next(b for b in batches if row["id"] not in b)[row["id"]] = row
+            for batch in batches:
+                columns = {c: [row[c] for row in batch.values()] for c in _PAGE_COLUMNS}
+                await conn.execute(_SQL.upsert(w.resource, _PAGE), {"store": w.store, **columns})
             unit = {"store": w.store, "resource": w.resource}
             old = await (await conn.execute(_SQL.load_state + " FOR UPDATE", unit)).fetchone()
             state = _SQL.state(w, old, len(rows), page_max)
@@ -397,7 +410,8 @@ class PostgresSink(SQLSink):
     async def claim(
         self, units: Sequence[tuple[str, str]], *, prefer: Sequence[str] = ()
     ) -> tuple[str, str] | None:
-        # Leaving a worker that has none the units it is owed (see above).
+        # Leaving a worker that has none the units it is owed (see above). A unit of ``units``
+        # this worker holds is one it is not pulling: an attempt that failed left it held.
         params = {**self._params(units), "prefer": list(prefer)}
         async with self.transaction() as conn:
             cur = await conn.execute(
@@ -405,7 +419,7 @@ class PostgresSink(SQLSink):
                         lease_until = now() + make_interval(secs => %(lease)s)
                     FROM (SELECT store, resource FROM {UNITS_TABLE} u
                           WHERE {_IN_UNITS} AND state = 'pending'
-                            AND (holder IS NULL OR lease_until < now())
+                            AND (holder IS NULL OR holder = %(holder)s OR lease_until < now())
                             AND NOT {_owed(_held("%(holder)s"))}
                           ORDER BY store = ANY(%(prefer)s) DESC, store, resource
                           LIMIT 1 FOR UPDATE SKIP LOCKED) AS free
