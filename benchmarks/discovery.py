@@ -163,6 +163,7 @@ def runs(report: Report, delay_name: str, delay: Any, seconds: float) -> None:
             inbound_delay=delay,
             latency=LATENCY,
             make_records=True,
+            start_timeout=120.0,  # 3.3 million records: 30-40 s in a slow hour
         ) as remote,
     ):
         first = pull_all(remote.base_url, remote.tokens, Path(tmp))
