@@ -187,9 +187,9 @@ async def test_close_leaves_unfinished_events_in_the_inbox_for_the_next_start(
     await dead.aclose()
 
 
-async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
-    tmp_path: Path,
-) -> None:
+def failing_receiver(tmp_path: Path) -> tuple[WebhookReceiver, list[str]]:
+    """A receiver of store acme over a SQLite inbox and dead letters in ``tmp_path``, whose
+    handler fails every attempt (two an event), and the event ids it was called with."""
     calls: list[str] = []
 
     async def failing(event: WebhookEvent) -> None:
@@ -199,14 +199,26 @@ async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
     inbox = SQLiteInbox(tmp_path / "hooks.db")
     dead = SQLiteDeadLetters(tmp_path / "hooks.db")
     config = WebhookConfig(SECRET, max_handler_attempts=2)
-    receiver = WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead)
+    return WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead), calls
+
+
+async def deliver(receiver: WebhookReceiver, event_id: str) -> None:
+    url = await receiver.listen()
+    async with aiohttp.ClientSession() as session:
+        body = body_of(event_id)
+        async with session.post(url, data=body, headers=signed(body)) as resp:
+            assert resp.status == 200
+    await receiver.join()
+
+
+async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
+    tmp_path: Path,
+) -> None:
+    receiver, calls = failing_receiver(tmp_path)
+    inbox, dead = receiver.inbox, receiver.dead_letters
+    assert inbox is not None
     async with receiver:
-        url = await receiver.listen()
-        async with aiohttp.ClientSession() as session:
-            body = body_of("x")
-            async with session.post(url, data=body, headers=signed(body)) as resp:
-                assert resp.status == 200
-        await receiver.join()
+        await deliver(receiver, "x")
         assert [(d.event_id, d.attempts, d.store) for d in await dead.all()] == [("x", 2, "acme")]
         assert await receiver.requeue_dead_letters(max_attempts=4) == 1
         await receiver.join()
@@ -221,32 +233,22 @@ async def test_requeued_dead_letters_count_their_attempts_and_stop_at_the_bound(
 async def test_dead_letters_requeued_before_start_are_handled_once(tmp_path: Path) -> None:
     """Requeued before the receiver starts, a dead letter goes into the inbox; ``start`` queues
     it with the rest of the inbox, once (not once from each)."""
-    calls: list[str] = []
-
-    async def failing(event: WebhookEvent) -> None:
-        calls.append(event.id)
-        raise RuntimeError("still broken")
-
-    inbox = SQLiteInbox(tmp_path / "hooks.db")
-    dead = SQLiteDeadLetters(tmp_path / "hooks.db")
-    config = WebhookConfig(SECRET, max_handler_attempts=2)
-    async with WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead) as r:
-        url = await r.listen()
-        async with aiohttp.ClientSession() as session:
-            body = body_of("x")
-            async with session.post(url, data=body, headers=signed(body)) as resp:
-                assert resp.status == 200
-        await r.join()
-    receiver = WebhookReceiver(config, failing, store="acme", inbox=inbox, dead_letters=dead)
+    first, calls = failing_receiver(tmp_path)
+    async with first:
+        await deliver(first, "x")
+    receiver, more = failing_receiver(tmp_path)
+    inbox, dead = receiver.inbox, receiver.dead_letters
+    assert inbox is not None
     assert await receiver.requeue_dead_letters() == 1
     assert [e.event_id for e in await inbox.pending("acme")] == ["x"]
     await receiver.start()
     await receiver.join()
     await receiver.aclose()
-    assert calls == ["x"] * 4  # two attempts in each life
+    assert calls + more == ["x"] * 4  # two attempts in each life
     assert [d.attempts for d in await dead.all()] == [4]
-    await inbox.aclose()
-    await dead.aclose()
+    for stores in ((first.inbox, first.dead_letters), (inbox, dead)):
+        for store in stores:
+            await store.aclose()
 
 
 # --- the listener --------------------------------------------------------------------------------
