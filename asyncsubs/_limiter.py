@@ -105,8 +105,7 @@ _COUNTED += ("in_flight", "interval", "margin", "paced_by")
 
 
 class Slot:
-    """``async with store_limiter.slot(pool) as slot``: an in-flight place held while the
-    request runs; ``slot.due`` is the loop time it was paced for."""
+    """``async with store_limiter.slot(pool) as slot``: held in flight; ``due``: its paced time."""
 
     __slots__ = ("_limiter", "_max_wait", "_pool", "due", "pool")
 
@@ -128,11 +127,14 @@ class Slot:
             self._limiter.pause(p.name, p.interval)  # its whole margin kept from this start
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        self._limiter._in_flight.release()
-        self._pool.in_flight -= 1
-        # An answered light request is a jitter sample (heavy pages are built after the stamp).
-        if exc_type is None and self._pool is self._limiter._global:
-            self._limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
+        limiter, p = self._limiter, self._pool
+        limiter._in_flight.release()
+        p.in_flight -= 1
+        if exc_type is None and p is limiter._global:  # a jitter sample (heavy pages: built late)
+            limiter.jitter.add(asyncio.get_running_loop().time() - self.due)
+        elif exc_type is None and self.due == p.run_start and not (p.waiting or p.in_flight):
+            # A run's first stamp may be as late as its answer: alone, its n-th next start waits.
+            limiter.pause(p.name, p.rate.per - (p.rate.n - 1) * p.interval)  # a window from now
 
 
 class StoreLimiter:

@@ -187,6 +187,30 @@ async def test_a_start_later_than_the_room_paces_the_next_from_it(clock: Virtual
     assert gaps(starts)[3:] == pytest.approx([0.51] * 4)  # then paced as before
 
 
+async def test_a_runs_first_answer_paces_a_lone_heavy_pool(clock: VirtualClock) -> None:
+    """A run's first heavy page is answered 0.3 s after it went out: a server that took a burst
+    of first requests at once may have stamped it that late, and nothing yet tells how late. A
+    lone puller's third start then comes a window after that answer (at 2/s with a 10% margin:
+    0.1 s of room, less than the 0.3 s); later answers pace nothing. Beside a second puller the
+    pool keeps its pace: the rule is for a pool whose starts wait on its answers."""
+
+    async def pull(sl: StoreLimiter, starts: list[float], t0: float) -> None:
+        for page in range(4):
+            async with sl.slot("orders"):
+                starts.append(clock.now - t0)
+                await asyncio.sleep(0.3 if page == 0 else 0.05)
+
+    for pullers in (1, 2):
+        sl = Limiter().bind("acme", limits(orders=Rate(2, per=1.0), margin=0.10))
+        starts: list[float] = []
+        await asyncio.gather(*(pull(sl, starts, clock.now) for _ in range(pullers)))
+        if pullers == 1:
+            assert starts[:3] == pytest.approx([0.0, 0.75, 1.3])
+            assert gaps(starts)[2:] == pytest.approx([0.55])
+        else:
+            assert gaps(starts) == pytest.approx([0.55] * 7)
+
+
 @pytest.mark.parametrize(("late", "restarts"), [(0.06, True), (0.04, False)])
 async def test_a_start_keeps_half_the_room_for_the_server(
     clock: VirtualClock, late: float, restarts: bool
