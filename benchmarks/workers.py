@@ -203,6 +203,7 @@ def main() -> None:
         stores=[FakeStoreConfig(s, records=counts) for s in stores],
         latency=(0.01, 0.03),
         request_log_size=0,
+        make_records=True,  # made inside the first phase's requests, they stamp it late
     )
     pinned = None if args.no_pin else _pin_services(pg, remote.process.pid)
     worker_cores = None if pinned is None else pinned[1]
