@@ -885,6 +885,10 @@ def test_supersedes() -> None:
     assert supersedes({"id": 1}, new)
     assert supersedes(new, {"id": 1})
     assert supersedes({"id": 1, "updatedAt": "2026-01-01T01:00:00+01:00"}, old)
+    # As instants, not as text: 01:30+02:00 is 23:30 the day before.
+    assert not supersedes({"id": 1, "updatedAt": "2026-01-01T01:30:00+02:00"}, old)
+    assert not supersedes({"id": 1, "updatedAt": 5}, {"id": 1, "updatedAt": 7})
+    assert supersedes({"id": 1, "updatedAt": 7}, {"id": 1, "updatedAt": "7"})  # no order
 
 
 # --- end to end --------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ those become dlt's ``Wei`` (a decimal column), in the rare page orjson refuses.
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Iterable
 from typing import Any, Final
@@ -19,7 +18,9 @@ from typing import Any, Final
 import orjson
 from dlt.common.wei import Wei
 
-__all__ = ["SEQ_COLUMN", "STORE_COLUMN", "Served", "exact", "older"]
+from .._versions import older
+
+__all__ = ["SEQ_COLUMN", "STORE_COLUMN", "Served", "exact"]
 
 #: The column naming each record's store: half of the primary key (``store``, ``id``).
 STORE_COLUMN: Final = "store"
@@ -36,24 +37,6 @@ def exact(value: Any) -> Any:
     if type(value) is int and not -(2**63) <= value < 2**63:
         return Wei(value)
     return value
-
-
-def _instant(value: str) -> datetime.datetime:
-    parsed = datetime.datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
-
-
-def older(a: Any, b: Any) -> bool:
-    """Whether incremental value ``a`` is older than ``b``: numbers as numbers, timestamps as
-    instants, other strings as strings; values that do not compare are not (the later served
-    wins, as in the sinks)."""
-    if isinstance(a, str) and isinstance(b, str):
-        try:
-            return _instant(a) < _instant(b)
-        except ValueError:
-            return a < b
-    numbers = [isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)]
-    return all(numbers) and bool(a < b)
 
 
 class Served:

@@ -17,6 +17,7 @@ from typing import Any, Final, Protocol, Self, TypeVar
 
 import attrs
 
+from .._versions import newer
 from ..errors import AsyncSubsError, ConfigError, ProtocolError
 from ..json import dumps
 from ..stores import RESOURCES, LearnedStore
@@ -176,19 +177,6 @@ def json_text(value: Any) -> str:
 
 def _text(value: Any) -> str | None:
     return value if value is None or isinstance(value, str) else json_text(value)
-
-
-def _newer(a: Any, b: Any) -> Any:
-    """The larger of two incremental values (numbers with numbers, strings with strings)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(a, str) and isinstance(b, str):
-        return max(a, b)
-    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)):
-        return max(a, b)
-    return b
 
 
 def _same(value: Any) -> Any:
@@ -374,7 +362,7 @@ class PageWrite:
                     path=self.resource,
                 )
             if self.incremental_field is not None:
-                page_max = _newer(page_max, record.get(self.incremental_field))
+                page_max = newer(page_max, record.get(self.incremental_field))
             rows.append(to_row(self.store, record))
         return rows, page_max
 
@@ -388,7 +376,7 @@ class PageWrite:
             run_params=self.run_params,
             run_from=self.run_from,
             next_from=self.run_from if done else old.next_from,
-            seen_max=_newer(old.seen_max, page_max),
+            seen_max=newer(old.seen_max, page_max),
             run_pages=1 if self.new_run else old.run_pages + 1,
             run_records=rows if self.new_run else old.run_records + rows,
         )

@@ -6,12 +6,12 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import attrs
 
 from .. import _json
+from .._versions import older
 from ._config import WebhookConfig
 
 __all__ = ["DedupeWindow", "EventParseError", "WebhookEvent", "parse_event", "supersedes"]
@@ -165,27 +165,14 @@ class DedupeWindow:
         self._expires.pop(event_id, None)
 
 
-def _instant(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
 def supersedes(
     incoming: Mapping[str, Any], current: Mapping[str, Any] | None, *, field: str = "updatedAt"
 ) -> bool:
     """Whether ``incoming`` should replace ``current`` (a stored copy of the same record).
 
-    True unless both carry ``field`` as a timestamp and ``incoming``'s is older: webhooks may
-    arrive late or out of order, and an older version must not overwrite a newer one. Equal
-    stamps replace (second precision cannot order them; the next incremental pull, which is
-    inclusive, settles it).
+    True unless ``incoming``'s ``field`` is older than ``current``'s (timestamps as instants,
+    numbers as numbers): webhooks may arrive late or out of order, and an older version must
+    not overwrite a newer one. Equal stamps replace (second precision cannot order them; the
+    next incremental pull, which is inclusive, settles it), as do stamps that do not compare.
     """
-    if current is None:
-        return True
-    new, old = _instant(incoming.get(field)), _instant(current.get(field))
-    return new is None or old is None or new >= old
+    return current is None or not older(incoming.get(field), current.get(field))
