@@ -364,8 +364,9 @@ async def test_processes_share_the_rate(
     rate, each = Rate(20, per=1.0), 15
     server.set_rate_limits(ServerRateLimits(global_rate=rate))
     # A wider margin than the default, for the scheduling jitter of three processes on a
-    # loaded test machine; the server's sliding window is the judge.
-    margin = 0.1
+    # loaded test machine (a start stalled past the 0.11 s that 0.1 leaves over 20 starts drew
+    # a 429 while the suite ran); the server's sliding window is the judge.
+    margin = 0.2
     ids = record_ids(server, 2 * each)
     workers = [
         await asyncio.create_subprocess_exec(
@@ -413,7 +414,7 @@ async def test_processes_share_the_rate(
     assert (stats.accepted, stats.rejected) == (2 * each, 0)
     assert stats.max_in_window(rate.per) <= rate.n
     # Shared, not each at the full rate: the 30 starts span about 29 intervals.
-    interval = rate.interval / (1 - margin)
+    interval = rate.interval * (1 + margin)
     starts = sorted(stats.starts)
     assert starts[-1] - starts[0] >= (2 * each - 1) * interval - 0.1
     # And the two processes really ran side by side.
@@ -429,7 +430,8 @@ from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.redis import RedisLimiter
 
 async def main(cfg):
-    limits = Limits(global_rate=Rate(*cfg["rate"]), safety_margin=cfg["margin"])
+    margin = cfg["margin"]
+    limits = Limits(global_rate=Rate(*cfg["rate"]), safety_margin=margin, max_margin=margin)
     async with RedisLimiter(cfg["redis"], prefix=cfg["prefix"]) as limiter, AdminClient(
         token=cfg["token"], base_url=cfg["base_url"], store="acme", limits=limits,
         limiter=limiter, user_agent=cfg["name"],
