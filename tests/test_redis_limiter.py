@@ -364,8 +364,8 @@ async def test_processes_share_the_rate(
     rate, each = Rate(20, per=1.0), 15
     server.set_rate_limits(ServerRateLimits(global_rate=rate))
     # A wider margin than the default, for the scheduling jitter of three processes on a
-    # loaded test machine (a start stalled past the 0.11 s that 0.1 leaves over 20 starts drew
-    # a 429 while the suite ran); the server's sliding window is the judge.
+    # loaded test machine (20 starts paced 10% apart span 0.1 s beyond the window: a start
+    # stalled longer draws a 429; 20% leaves 0.2 s); the server's sliding window is the judge.
     margin = 0.2
     ids = record_ids(server, 2 * each)
     workers = [
