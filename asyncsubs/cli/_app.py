@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .. import __version__
 from ..errors import AsyncSubsError, ConfigError
 from ..stores import ConfigFileError, describe_error
-from ..sync import DatabaseConfigError, DatabaseError
+from ..sync import DatabaseConfigError
 from . import _dead_letters, _demo, _fake_server, _pull, _status, _sync
 from ._common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CommandFailed, Parser
 from ._common import output_options as _output_options
@@ -116,7 +116,7 @@ def _run(handler: Handler, args: argparse.Namespace, out: Output) -> int:
         for line in exc.lines:
             out.error(line)
         return exc.code
-    except (ConfigError, AsyncSubsError, DatabaseError) as exc:
+    except AsyncSubsError as exc:  # ConfigError and DatabaseError among them
         if args.debug:
             traceback.print_exc()
         problems = exc.problems if isinstance(exc, ConfigFileError) else [str(exc)]

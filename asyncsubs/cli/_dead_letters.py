@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 from ..sync import REQUEUE_BELOW_ATTEMPTS, Sink, sink_for
 from ..webhooks import DeadLetter, InboxEntry
@@ -85,10 +85,7 @@ def _letter_json(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
-def cmd_dead_letters(
-    args: argparse.Namespace, out: Output, *, stream: IO[str] | None = None
-) -> int:
-    stream = stream or sys.stdout
+def cmd_dead_letters(args: argparse.Namespace, out: Output) -> int:
     sink = sink_for(args.db)
     found = asyncio.run(dead_letters(sink, stores=args.store, requeue=args.requeue))
     if found is None:
@@ -98,7 +95,9 @@ def cmd_dead_letters(
     letters, moved = found or ([], 0)
     if args.json:
         document = {"database": sink.where, "dead_letters": [_letter_json(x) for x in letters]}
-        print_json(document | ({"moved": moved} if args.requeue and found else {}), stream=stream)
+        print_json(
+            document | ({"moved": moved} if args.requeue and found else {}), stream=sys.stdout
+        )
         return 0
     if found is None:
         return 0
@@ -123,7 +122,7 @@ def cmd_dead_letters(
         "webhook dead letters",
         ["store", "event", "topic", "attempts", "failed at (UTC)", "error"],
         rows,
-        stream=stream,
+        stream=sys.stdout,
         footer=footer,
     )
     return 0

@@ -25,7 +25,6 @@ from ._open import DEFAULT_DB_TIMEOUT, sink_for
 from ._schedulers import run_round
 from ._sink import (
     DEFAULT_LEASE,
-    RESOURCES,
     DatabaseConfigError,
     DatabaseError,
     DatabaseUnavailable,
@@ -53,7 +52,6 @@ __all__ = [
     "ListenSync",
     "PageWrite",
     "REQUEUE_BELOW_ATTEMPTS",
-    "RESOURCES",
     "Records",
     "Sink",
     "SyncEngine",

@@ -59,8 +59,7 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
             return _first(exc)
         if isinstance(exc, DatabaseError):
             return exc
-    inner = group.exceptions[0]
-    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
+    return group.exceptions[0]
 
 
 async def _in_this_process(engine: SyncEngine) -> int:

@@ -33,7 +33,6 @@ __all__ = [
     "LeaseLostError",
     "Leases",
     "PageWrite",
-    "RESOURCES",
     "Records",
     "SQLSink",
     "STATE_TABLE",
@@ -89,11 +88,7 @@ class DatabaseConfigError(ConfigError):
     why (the command line names the database by its flag)."""
 
     def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-
-    def __str__(self) -> str:
-        return f"database: {self.problem}"
+        super().__init__(problem, key="database")
 
 
 class LeaseLostError(Exception):
@@ -515,9 +510,6 @@ class Records(Protocol):
         """Every unit the database knows (``sync-status``); None when no sync ever wrote to it.
         Needs no ``open``, creates nothing."""
         ...
-
-
-#: What each store's pools learned of the server, kept for its next sync.
 
 
 class WebhookTables(Protocol):
