@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncsubs.testing import _ports
+
 __all__ = [
     "RedisServer",
     "free_port",
@@ -35,13 +37,11 @@ START_TIMEOUT = 10.0
 
 
 def free_port(below: int = 65536) -> int:
-    """A loopback TCP port under ``below`` that nothing listens on (right now)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port < below:
-            return port
+    """A loopback TCP port under ``below`` that nothing listens on now, and that a server
+    restarted on it finds free again (``asyncsubs.testing._ports``)."""
+    while (port := _ports.free_port()) >= below:
+        continue
+    return port
 
 
 def _command(port: int, command: bytes) -> bytes:

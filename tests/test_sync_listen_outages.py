@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -34,6 +35,7 @@ from test_sync_listen import SECRETS, environment, fake_server, listen_configs, 
 from asyncsubs.stores import Message
 from asyncsubs.sync import DatabaseError, DatabaseUnavailable, ListenSync, sink_for
 from asyncsubs.testing import FakeAdminServer, no_waiting
+from asyncsubs.testing._ports import free_port
 from asyncsubs.testing._postgres import PostgresServer
 from asyncsubs.webhooks import signature_header_value
 
@@ -266,6 +268,20 @@ def own_postgres_fixture(postgres_server: PostgresServer) -> Iterator[PostgresSe
         yield server
     finally:
         server.stop()
+
+
+def test_a_restarted_servers_port_is_not_one_the_kernel_hands_out() -> None:
+    """The PostgreSQL and Redis servers these tests restart are down for a moment: their port
+    must lie below the range from which the kernel picks the ports of port-0 binds and outgoing
+    connections, or one of those may hold it when the server comes back."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ephemeral.exists():
+        pytest.skip("no ephemeral port range to keep out of")
+    start = int(ephemeral.read_text().split()[0])
+    assert all(free_port() < start for _ in range(50))
+    cluster = PostgresServer(Path("/nonexistent"))  # not started: its port is chosen already
+    shutil.rmtree(cluster.root)
+    assert cluster.port < start
 
 
 async def test_a_postgresql_restart_fails_pulls_not_the_service(

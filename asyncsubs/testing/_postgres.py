@@ -13,11 +13,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from ._ports import free_port
 
 __all__ = ["PostgresServer", "postgres_bindir"]
 
@@ -35,13 +36,6 @@ def postgres_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class PostgresServer:
     """A throwaway cluster in a temporary directory, listening on a loopback port (trust auth,
     superuser ``asyncsubs``)."""
@@ -50,7 +44,7 @@ class PostgresServer:
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix="asyncsubs-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()  # stable across a restart (pause, resume)
         self.user: str | None = None
         if os.geteuid() == 0:
             try:
