@@ -16,7 +16,6 @@ from typing import Any, Final
 
 from .. import Rate
 from ..stores import RESOURCES, Store
-from ..testing import FakeStoreConfig, ServerRateLimits, run_in_process
 
 __all__ = ["load_demo", "main"]
 
@@ -56,12 +55,14 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
     """Load ``stores`` fake stores, ``records`` records per resource each, into the DuckDB
     file ``database`` (None: a temporary one), and print the tables and what was learned."""
     # The demo talks to loopback only: no usage reports, and only dlt's errors on the console.
+    # What it needs beyond the arguments is imported here, once they are good.
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
     os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
     import dlt
     import duckdb
 
     from ..dlt import subscription_service
+    from ..testing import FakeStoreConfig, ServerRateLimits, run_in_process
 
     names = [f"store-{i + 1}" for i in range(stores)]
     configs = [
