@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from asyncsubs.testing._data import StoreData
+from asyncsubs.testing._ports import free_port
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
@@ -154,13 +155,6 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx", path=path)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def nginx_server(
     records: int = 100, *, binary: str | None = None, small: bool = False
@@ -176,7 +170,7 @@ def nginx_server(
         os.makedirs(os.path.join(root, "tmp"))
         with open(os.path.join(pages, "subscriptions"), "wb") as f:
             f.write(page_prefix(records, small=small) + _CURSOR_MARK.encode() + b'"}}')
-        port = _free_port()
+        port = free_port()
         conf = os.path.join(root, "nginx.conf")
         with open(conf, "w", encoding="ascii") as f:
             f.write(_NGINX_CONF.format(root=root, port=port, mark=_CURSOR_MARK))

@@ -49,6 +49,7 @@ import orjson
 from asyncsubs import AdminClient, Limits, Rate
 from asyncsubs.errors import AsyncSubsError
 from asyncsubs.testing import FakeStoreConfig, ServerRateLimits, run_in_process
+from asyncsubs.testing._ports import free_port
 
 
 @attrs.define(kw_only=True)
@@ -92,13 +93,6 @@ INBOUND_MAX_429 = 2
 # A throwaway redis-server
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _pong(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
@@ -113,7 +107,7 @@ def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: install it or pass --redis-url")
-    port = _free_port()
+    port = free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
