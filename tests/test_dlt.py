@@ -11,6 +11,11 @@ import asyncio
 import datetime
 import itertools
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -539,6 +544,32 @@ def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
     assert {p["page_size"] for p in learned["pools"].values()} == {100}
     assert "started from what the last run learned (1 of 1 stores" in second
     assert "0 x 429" in second
+
+
+def test_ctrl_c_stops_the_demo_with_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the demo's whole process group while dlt extracts; the
+    demo says so in one line and exits 130, without what asyncio says as dlt stops its loop
+    under running pulls, or dlt's traceback."""
+    command = [sys.executable, "-m", "asyncsubs.dlt", "--stores", "1"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60.0  # the one bounded wait: until dlt's extract started
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list(tmp_path.glob("*/pipelines/asyncsubs_demo/normalize/*/*")):  # a load package
+                break
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert err.decode() == "python -m asyncsubs.dlt: interrupted\n"
+    assert b"records" not in out  # stopped before its tables: nothing claimed as loaded
 
 
 async def test_loads_go_through_parquet_unless_the_pipeline_says_otherwise(

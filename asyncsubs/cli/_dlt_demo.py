@@ -7,15 +7,20 @@ not told them, so each store's client discovers its rates and page size (README,
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final
 
 from .. import Rate
 from ..stores import RESOURCES, Store
+from ._common import EXIT_INTERRUPTED
 
 __all__ = ["load_demo", "main"]
 
@@ -39,8 +44,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stores < 1 or args.records < 0:
         parser.error("--stores must be >= 1 and --records >= 0")
     database = None if args.duckdb is None else Path(args.duckdb)
-    load_demo(database, stores=args.stores, records=args.records)
-    return 0
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        load_demo(database, stores=args.stores, records=args.records)
+    except Exception as exc:
+        if not _interrupted(exc):
+            raise
+    except KeyboardInterrupt:
+        pass
+    else:
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print(f"{parser.prog}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: dlt then stops its event loop under the pulls' running tasks, and asyncio's
+    complaints about that (generators and tasks left running) are expected, not news."""
+    logging.getLogger("asyncio").disabled = True
+    raise KeyboardInterrupt
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is dlt's failure of a step that Ctrl-C stopped (its cause)."""
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(cause, KeyboardInterrupt) or (cause is not None and _interrupted(cause))
 
 
 #: Each store's heavy pools, as its server enforces them (the source finds them out).
