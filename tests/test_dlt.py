@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import itertools
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -299,6 +301,30 @@ async def test_a_bad_token_fails_the_run_with_the_typed_error_and_no_token(
     ]
     for text in shown:
         assert not any(token in text for token in tokens)
+
+
+async def test_a_store_failing_stops_the_other_pulls_with_nothing_left_open(
+    pipeline: dlt.Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One store fails its one resource while another store's resources are mid-pull: the run
+    fails with that error and nothing else is said. dlt stops its loop without waiting for what
+    it cancelled; the pulls, on a loop of the source's own, close there (no generator closed
+    while running, no session left open, both of which asyncio would log)."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    stores = [FakeStoreConfig("slow", records=2_000)]
+    async with FakeAdminServer(stores=stores, rate_limits=None, latency=0.02) as srv:
+        slow = Store("slow", srv.base_url, srv.store("slow").token, limits=FAST, page_size=50)
+        bad = Store("bad", srv.base_url, "fake_0123456789abcdef-not-a-token", resources=("orders",))
+        with pytest.raises(PipelineStepFailed) as failed:
+            await run(pipeline, subscription_service(stores=[slow, bad]))
+        for thread in threading.enumerate():  # the run's loop, closing the clients
+            if thread.name == "asyncsubs-dlt-run":
+                await asyncio.to_thread(thread.join, 30)
+        pulled = srv.stats("slow").requests
+    gc.collect()  # an unclosed session says so when collected
+    assert [str(e) for e in chain(failed.value) if isinstance(e, AuthenticationError)]
+    assert 0 < pulled < 3 * 2_000 // 50, "the slow store was not mid-pull"
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 async def test_budgets_hold_against_a_server_enforcing_them(pipeline: dlt.Pipeline) -> None:

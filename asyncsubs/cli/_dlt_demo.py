@@ -7,15 +7,12 @@ not told them, so each store's client discovers its rates and page size (README,
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 from .. import Rate
@@ -44,7 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stores < 1 or args.records < 0:
         parser.error("--stores must be >= 1 and --records >= 0")
     database = None if args.duckdb is None else Path(args.duckdb)
-    previous = signal.signal(signal.SIGINT, _interrupt)
     try:
         load_demo(database, stores=args.stores, records=args.records)
     except Exception as exc:
@@ -54,17 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     else:
         return 0
-    finally:
-        signal.signal(signal.SIGINT, previous)
     print(f"{parser.prog}: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C: dlt then stops its event loop under the pulls' running tasks, and asyncio's
-    complaints about that (generators and tasks left running) are expected, not news."""
-    logging.getLogger("asyncio").disabled = True
-    raise KeyboardInterrupt
 
 
 def _interrupted(exc: BaseException) -> bool:

@@ -2,8 +2,8 @@
 
 ``subscription_service`` (``_source``) has one resource per list endpoint (``subscriptions``,
 ``customers``, ``orders``, and any ``list_paths``), each merging on (``store``, ``id``); its rows
-are ``_records``, its clients and pulls ``_session``, its hard deletes ``_deletes``. dlt runs
-every resource on one event loop of its own: docs/dlt.md says how, with examples.
+are ``_records``, its clients and pulls ``_session`` (on an event loop of the run's own, beside
+dlt's), its hard deletes ``_deletes``. docs/dlt.md says how dlt runs them, with examples.
 """
 
 from ..stores import RESOURCES, Store

@@ -118,9 +118,17 @@ def _resource(
                     records = [r for r in records if (store_name, str(r["id"])) not in drop]
                 if page_rows := served.rows(store_name, records):
                     yield page_rows
-        finally:
-            await pulls.aclose()
+        except GeneratorExit:  # closed at a page (``add_limit``): what was learned is kept
+            pulls.stop()
             await clients.leave(run)
+            raise
+        except BaseException:
+            # Failed, or stopped by dlt ending the extract (Ctrl-C, another resource failed),
+            # which does not wait: the run's own loop winds the pulls down.
+            pulls.stop()
+            clients.abandon(run)
+            raise
+        await clients.leave(run)
         # Every store pulled to its last page. Written only now, and committed by dlt only with
         # the load: a failed run changes none.
         if updated is not None:
