@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 from dlt.pipeline.exceptions import PipelineStepFailed
 from redis_fixtures import RedisServer, redis_server_fixture  # noqa: F401 - by its name=
 
-from asyncsubs import AdminClient, AuthenticationError, ConfigError, Limits, Rate
+from asyncsubs import AdminClient, AuthenticationError, ConfigError, Limits, Page, Rate
 from asyncsubs.dlt import DeleteLog, Store, subscription_service
 from asyncsubs.stores import stores_from_tables
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits, run_in_process
@@ -327,6 +327,33 @@ async def test_a_store_failing_stops_the_other_pulls_with_nothing_left_open(
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
+async def test_pages_cross_from_the_runs_loop_each_once_and_within_the_room() -> None:
+    """The pulls run ahead of their reader by a page a store at most, and every page crosses
+    over once, each store's in order, whether the reader keeps up or lags behind."""
+    from asyncsubs.dlt._session import Pulls, _Run
+    from asyncsubs.stores import StoreClients
+
+    async def pages(count: int) -> AsyncIterator[Page[Any]]:
+        for i in range(count):
+            yield Page([{"id": i}], cursor=None, next_cursor=None, has_next_page=i + 1 < count)
+
+    run = _Run(StoreClients(None), (), max_stores=8)
+    await run.opened
+    counts = {"a": 300, "b": 200, "c": 1}
+    pulls = Pulls(run, {store: pages(count) for store, count in counts.items()})
+    got: dict[str, list[int]] = {store: [] for store in counts}
+    most = 0
+    async with asyncio.timeout(60):  # a pull never woken when room frees would hang here
+        async for store, page in pulls:
+            most = max(most, pulls._arrived.qsize() + 1)
+            got[store] += [r["id"] for r in page.data]
+            if len(got["a"]) % 50 < 25:  # a reader that lags, then keeps up
+                await asyncio.to_thread(time.sleep, 0.001)
+    await run.call(run.aclose(keep=False))
+    assert got == {store: list(range(count)) for store, count in counts.items()}
+    assert 1 < most <= len(counts)
+
+
 async def test_budgets_hold_against_a_server_enforcing_them(pipeline: dlt.Pipeline) -> None:
     heavy = {"subscriptions": Rate(4), "customers": Rate(3), "orders": Rate(5)}
     limits = ServerRateLimits(global_rate=Rate(50), heavy=heavy, window="sliding")
@@ -574,9 +601,8 @@ def test_a_demo_rerun_into_the_same_database_starts_from_what_the_first_learned(
 
 def test_ctrl_c_stops_the_demo_with_one_line_and_exit_130(tmp_path: Path) -> None:
     """Ctrl-C in a terminal reaches the demo's whole process group while dlt extracts; the
-    demo says so in one line and exits 130, without what asyncio says as dlt stops its loop
-    under running pulls, or dlt's traceback."""
-    command = [sys.executable, "-m", "asyncsubs.dlt", "--stores", "1"]
+    demo says so in one line and exits 130: no traceback of dlt's, nothing from asyncio."""
+    command = [sys.executable, "-m", "asyncsubs.dlt", "--stores", "1", "--records", "4000"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -587,14 +613,28 @@ def test_ctrl_c_stops_the_demo_with_one_line_and_exit_130(tmp_path: Path) -> Non
             if list(tmp_path.glob("*/pipelines/asyncsubs_demo/normalize/*/*")):  # a load package
                 break
             time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        # Ctrl-C again if the first was lost: Python drops an exception raised in a finalizer,
+        # and the signal can land in one (dlt's DuckDB pool, collected as the extract starts).
+        out = err = b""
+        sent = 0
+        while sent < 3:
+            sent += 1
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err.decode()
-    assert err.decode() == "python -m asyncsubs.dlt: interrupted\n"
+    text = err.decode()
+    if sent > 1:  # what Python says of the lost one, then ours
+        assert text.startswith("Exception ignored in: "), text
+        text = text.split("KeyboardInterrupt", 1)[1].split("\n", 1)[1]
+    assert text == "python -m asyncsubs.dlt: interrupted\n"
     assert b"records" not in out  # stopped before its tables: nothing claimed as loaded
 
 

@@ -113,13 +113,21 @@ class _Run:
 class Pulls:
     """Every store's pull of one list endpoint, a task each on the run's loop, pages handed over
     to dlt's loop as they arrive (``async for store, page in pulls`` there), a page per store
-    buffered: neither loop waits on the other's answer while pages flow."""
+    buffered.
+
+    Each side wakes the other's loop only when it waits: a wake-up across threads waits for the
+    GIL, up to a switch interval (5 ms) while dlt writes, and one per page both ways held the
+    pulls back by a third (docs/dlt.md, "Many stores and how dlt runs them")."""
 
     def __init__(self, run: _Run, pages: Mapping[str, AsyncIterator[Page[Any]]]) -> None:
         self._run = run
         self._home = asyncio.get_running_loop()  # dlt's
         self._arrived: asyncio.Queue[_Handed] = asyncio.Queue()  # on dlt's loop
-        self._room = asyncio.Semaphore(max(1, len(pages)))  # on the run's loop
+        self._room = max(1, len(pages))
+        self._handed = 0  # written on the run's loop only
+        self._taken = 0  # written on dlt's loop only
+        self._wanting = False  # the run's loop waits for room
+        self._freed = asyncio.Event()  # on the run's loop
         self._running = len(pages)
         self.tasks: set[asyncio.Task[None]] = set()  # on the run's loop
         for store, store_pages in pages.items():
@@ -127,7 +135,13 @@ class Pulls:
 
     async def hand_over(self, item: _Handed) -> None:
         """``item`` to dlt's loop, once there is room (on the run's loop)."""
-        await self._room.acquire()
+        while self._handed - self._taken >= self._room:
+            self._freed.clear()
+            self._wanting = True  # then look again: a page taken before this is seen below,
+            if self._handed - self._taken < self._room:  # one taken after it wakes us
+                break
+            await self._freed.wait()
+        self._handed += 1
         with contextlib.suppress(RuntimeError):  # dlt's loop closed: the extract has ended
             self._home.call_soon_threadsafe(self._arrived.put_nowait, item)
 
@@ -147,7 +161,10 @@ class Pulls:
         store: dlt fails the run, and nothing is committed."""
         while self._running:
             store, page, error = await self._arrived.get()
-            self._run.loop.call_soon_threadsafe(self._room.release)
+            self._taken += 1
+            if self._wanting:
+                self._wanting = False
+                self._run.loop.call_soon_threadsafe(self._freed.set)
             if error is not None:
                 if isinstance(error, AsyncSubsError):
                     error.args = (f"store {store}: {error}", *error.args[1:])
