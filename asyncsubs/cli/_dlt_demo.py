@@ -121,7 +121,9 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
     remembered = [name for name in names if name in before]
     how = (
         f"the clients started from what the last run learned ({len(remembered)} of "
-        f"{len(names)} stores, kept in the pipeline's state) and did not probe again"
+        f"{len(names)} stores, kept in the pipeline's state) and did not search for the rates "
+        "and page sizes again (a pool that runs clean a while still tries a step up, and a 429 "
+        "settles it back)"
         if remembered
         else "the clients were told neither the heavy pools' rates nor the page size, and "
         "probed for them"
