@@ -312,7 +312,8 @@ def _summary(
             "not yet tried is not; it was told neither rate nor page size); allowed: the "
             "server's, and how its window counts",
             "429s: a pool raises its rate after clean time and, refused, settles just under "
-            "what the server accepted; a rerun with the same --db starts there, without them",
+            "what the server accepted; a rerun with the same --db starts there, without "
+            "searching again (a step up after clean time may still meet a 429)",
             *(
                 [
                     f"this run started from what the last one learned ({len(remembered)} of "
