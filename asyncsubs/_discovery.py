@@ -142,7 +142,9 @@ class RateSearch:
     - **429 to a rate that ran clean**: another 2% under it (at the server's edge: the stamps'
       spread outgrew the margin, and the window's count would say a start too few); 5% for
       another such 429 before the next raise (a leaky bucket lets a rate above its leak run
-      clean until it fills).
+      clean until it fills); and no more than 2% under what the server accepted since the
+      last 429, pauses included, after two windows or more of saturated starts (a bucket full
+      at both let through what it leaked in between).
     - **429 to a raise**: at least 5% under the refused rate, 2% under what the server
       evidently allowed in the window before (the starts this loop saw accepted; when other
       processes pace the pool too, fewer than the last clean rate needs means theirs went
@@ -158,6 +160,7 @@ class RateSearch:
         "_edge",
         "_goods",
         "_run_since",
+        "_since_refusal",
         "announced",
         "by",
         "ceiling",
@@ -188,6 +191,8 @@ class RateSearch:
         # When the pool's requests were due that were not refused: the starts the server
         # counted, as far as this loop knows (a 429 counts its window).
         self.counted = deque[float](maxlen=2 * self.most + 2)
+        # The last refusal's due time and the starts since (None: one did not wait).
+        self._since_refusal: tuple[float, int | None] = (-math.inf, None)
 
     def pace(self) -> Rate:
         return rate_of(self.rate, self.window)
@@ -199,6 +204,8 @@ class RateSearch:
         """A request of the pool started (``waited``: it queued for its slot, so the pool was
         the bottleneck); True when that raised the rate."""
         self.counted.append(now)
+        refused_at, starts = self._since_refusal
+        self._since_refusal = refused_at, None if starts is None or not waited else starts + 1
         if not waited:  # the caller, not the pool, set the pace: no evidence of this rate
             self._clean = 0
             return False
@@ -227,6 +234,16 @@ class RateSearch:
         (False: sent before the rate last changed)."""
         with contextlib.suppress(ValueError):
             self.counted.remove(due)  # refused, not counted
+        # Saturated since the last refusal, the pool's starts accepted in between, per second
+        # of it, pause included (a token bucket full at both refilled that many; one that
+        # could empty in a long pause, or a count of a span under two windows, says little).
+        (last, starts), between = self._since_refusal, None
+        if due > last:  # else sent before the last refusal
+            later = sum(start > due for start in self.counted)  # sent since: not answered yet
+            span = due - last
+            if starts is not None and span >= FAR_WINDOWS * self.window:
+                between = (starts - 1 - later) / span if paused_until - last <= span / 2 else None
+            self._since_refusal = due, later
         if due <= self.changed_at:
             return False
         # What the server evidently allowed: the starts it accepted in the window before, as a
@@ -241,13 +258,22 @@ class RateSearch:
             allowed = min(allowed, sum(since <= start < due for start in counted) / (due - since))
         # Shared through Redis, the other workers' starts went unseen: as many again per worker
         # (they claim the pool's slots in turn).
-        self.refused_at(now, allowed * workers or None, every_start=workers == 1)
+        between = None if between is None else between * workers
+        self.refused_at(now, allowed * workers or None, every_start=workers == 1, between=between)
         return True
 
-    def refused_at(self, now: float, allowed: float | None, *, every_start: bool = True) -> None:
+    def refused_at(
+        self,
+        now: float,
+        allowed: float | None,
+        *,
+        every_start: bool = True,
+        between: float | None = None,
+    ) -> None:
         """A 429 answered a request paced at the current rate; ``allowed``: the rate the server
         evidently allowed in the window before (None: unknown), counted from ``every_start``
-        of the pool, or from this process's only (others pace it too, unseen)."""
+        of the pool, or from this process's only (others pace it too, unseen); ``between``:
+        the rate it accepted since its last refusal, when the pool ran saturated since."""
         if self.announced:
             return
         paced = self.rate
@@ -255,11 +281,15 @@ class RateSearch:
             # A rate that ran clean for windows, refused now: at the server's edge (the stamps'
             # spread outgrew the margin), not far above it; the window's count would say a
             # start too few (one of two at 2/s). The margin grows by one more UNDER; by a
-            # slowdown's step for a second such refusal since the last raise (a leaky bucket
-            # lets a rate above its leak run clean until it fills).
+            # slowdown's step for a second such refusal since the last raise. A leaky bucket
+            # lets a rate above its leak run clean until it fills: full at both refusals, it
+            # let through what it leaked in between, so no more than that.
             self._goods = [rate for rate in self._goods if rate < paced]
             self.good = self._goods[-1] if self._goods else None
-            self._refuse(now, paced, paced / (1 + (SLOWDOWN_STEP if self._edge else UNDER)))
+            rate = paced / (1 + (SLOWDOWN_STEP if self._edge else UNDER))
+            if between is not None:
+                rate = min(rate, between / (1 + UNDER))
+            self._refuse(now, paced, rate)
             self._edge += 1
             return
         # A rate refused is no longer one that ran clean (a token bucket let it through for a

@@ -165,8 +165,8 @@ async def test_a_429_sets_the_rate_to_what_the_server_allowed_then_holds(
 class ServerWindow:
     """The fake server's own window of a flavour, as a ``SlidingWindow`` is used."""
 
-    def __init__(self, window: Window, n: int) -> None:
-        limits = ServerRateLimits(heavy={ORDERS: Rate(n)}, window=window)
+    def __init__(self, window: Window, n: int, per: float = 1.0) -> None:
+        limits = ServerRateLimits(heavy={ORDERS: Rate(n, per=per)}, window=window)
         self.windows = StoreWindows(limits)
 
     def admit(self, now: float) -> float | None:
@@ -189,6 +189,48 @@ async def test_every_window_flavour_is_found_with_few_429s(
     assert 0.9 * n <= rate <= 1.02 * n
     start = run.accepted[-1] - 60
     assert 0.9 * n <= achieved(run.accepted, start, start + 60) <= n
+
+
+async def test_a_token_buckets_leak_is_what_it_let_through_between_two_refusals(
+    clock: VirtualClock,
+) -> None:
+    """A bucket of 3 refilled at 1.5/s lets 2/s run clean for two windows while it fills; the
+    first refusal at the rate found under it comes seconds later, when the bucket is full
+    again: it let through what it leaked in between."""
+    sl, server = bind(discovering()), ServerWindow("leaky", 3, per=2.0)
+    run = await pull(sl, server, 20)
+    assert len(run.refusals) == 2  # the probe to 4/s, then 1.96/s once the bucket filled
+    assert 1.5 * 0.9 <= sl.stats().pools[ORDERS].rate <= 1.5  # not the 1.92/s a margin gives
+    later = await pull(sl, server, 60)
+    assert not later.refusals
+    assert achieved(later.accepted, later.accepted[0], later.accepted[-1]) >= 0.9 * 1.5
+
+
+def test_a_refusal_soon_after_the_last_says_nothing_of_a_leak() -> None:
+    """Two windows at least between two refusals, most of it running: a span shorter, or
+    mostly a pause, would count a pause's silence as the server's refusal to serve."""
+
+    def at_the_edge() -> RateSearch:
+        search = RateSearch(Discovery(start=Rate(1), ceiling=Rate(50)))
+        search._goods, search.good, search.rate = [2.0], 2.0, 2.0
+        return search
+
+    def refused_twice(search: RateSearch, pause: float, then: float) -> float:
+        """Refused at 0, paused, then saturated at 2/s until refused ``then`` s later."""
+        search.refused_start(0.0, 0.01, -math.inf, 1)
+        search.rate, search.good, search._goods, search.changed_at = 2.0, 2.0, [2.0], 0.01
+        search._edge = 0  # the first refusal at this level
+        starts = [pause + i * 0.5 for i in range(int((then - pause) / 0.5) + 1)]
+        for start in starts:
+            search.started(start, waited=True)
+        search.refused_start(starts[-1], starts[-1] + 0.01, pause, 1)
+        return search.rate
+
+    # Paused 1 s, refused 3 s later: 4 accepted starts in 3 s, so 1.33/s less the margin.
+    assert refused_twice(at_the_edge(), 1.0, 3.0) == pytest.approx(4 / 3 / 1.02)
+    # 1.5 s later (under two windows), or mostly paused: a margin's step, as without a leak.
+    assert refused_twice(at_the_edge(), 1.0, 1.5) == pytest.approx(2 / 1.02)
+    assert refused_twice(at_the_edge(), 2.5, 4.0) == pytest.approx(2 / 1.02)
 
 
 async def test_probes_after_the_hold_grow_rarer_at_the_same_level(clock: VirtualClock) -> None:
