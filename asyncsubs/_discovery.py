@@ -142,9 +142,9 @@ class RateSearch:
     - **429 to a rate that ran clean**: another 2% under it (at the server's edge: the stamps'
       spread outgrew the margin, and the window's count would say a start too few); 5% for
       another such 429 before the next raise (a leaky bucket lets a rate above its leak run
-      clean until it fills); and no more than 2% under what the server accepted since the
-      last 429, pauses included, after two windows or more of saturated starts (a bucket full
-      at both let through what it leaked in between).
+      clean until it fills); and no faster than the share of its paced starts the server let
+      through since the last 429, pauses included, after two windows or more of saturated
+      starts (a bucket full at both let through what it leaked in between), 2% under.
     - **429 to a raise**: at least 5% under the refused rate, 2% under what the server
       evidently allowed in the window before (the starts this loop saw accepted; when other
       processes pace the pool too, fewer than the last clean rate needs means theirs went
@@ -228,21 +228,25 @@ class RateSearch:
         self._edge = 0
         return True
 
-    def refused_start(self, due: float, now: float, paused_until: float, workers: int) -> bool:
+    def refused_start(
+        self, due: float, now: float, paused_until: float, workers: int, interval: float
+    ) -> bool:
         """A 429 answered the request due at ``due`` (``paused_until``: the pool's last pause in
-        this process; ``workers``: the processes pacing it); True when that changed the rate
-        (False: sent before the rate last changed)."""
+        this process; ``workers``: the processes pacing it; ``interval``: between the pool's
+        starts, its margin included); True when that changed the rate (False: sent before the
+        rate last changed)."""
         with contextlib.suppress(ValueError):
             self.counted.remove(due)  # refused, not counted
-        # Saturated since the last refusal, the pool's starts accepted in between, per second
-        # of it, pause included (a token bucket full at both refilled that many; one that
-        # could empty in a long pause, or a count of a span under two windows, says little).
-        (last, starts), between = self._since_refusal, None
+        # Saturated since the last refusal, the share of the pace's starts in that span, pause
+        # included, the server accepted (a token bucket full at both refilled that many; one
+        # that could empty in a long pause, or a count of a span under two windows, says little).
+        (last, starts), let_through = self._since_refusal, None
         if due > last:  # else sent before the last refusal
             later = sum(start > due for start in self.counted)  # sent since: not answered yet
             span = due - last
-            if starts is not None and span >= FAR_WINDOWS * self.window:
-                between = (starts - 1 - later) / span if paused_until - last <= span / 2 else None
+            running = span >= FAR_WINDOWS * self.window and paused_until - last <= span / 2
+            if starts is not None and running:
+                let_through = (starts - 1 - later) * workers * interval / span
             self._since_refusal = due, later
         if due <= self.changed_at:
             return False
@@ -258,8 +262,8 @@ class RateSearch:
             allowed = min(allowed, sum(since <= start < due for start in counted) / (due - since))
         # Shared through Redis, the other workers' starts went unseen: as many again per worker
         # (they claim the pool's slots in turn).
-        between = None if between is None else between * workers
-        self.refused_at(now, allowed * workers or None, every_start=workers == 1, between=between)
+        seen = allowed * workers or None
+        self.refused_at(now, seen, every_start=workers == 1, let_through=let_through)
         return True
 
     def refused_at(
@@ -268,12 +272,13 @@ class RateSearch:
         allowed: float | None,
         *,
         every_start: bool = True,
-        between: float | None = None,
+        let_through: float | None = None,
     ) -> None:
         """A 429 answered a request paced at the current rate; ``allowed``: the rate the server
         evidently allowed in the window before (None: unknown), counted from ``every_start``
-        of the pool, or from this process's only (others pace it too, unseen); ``between``:
-        the rate it accepted since its last refusal, when the pool ran saturated since."""
+        of the pool, or from this process's only (others pace it too, unseen); ``let_through``:
+        the share of the pool's paced starts it accepted since its last refusal, when the pool
+        ran saturated since."""
         if self.announced:
             return
         paced = self.rate
@@ -287,8 +292,8 @@ class RateSearch:
             self._goods = [rate for rate in self._goods if rate < paced]
             self.good = self._goods[-1] if self._goods else None
             rate = paced / (1 + (SLOWDOWN_STEP if self._edge else UNDER))
-            if between is not None:
-                rate = min(rate, between / (1 + UNDER))
+            if let_through is not None:
+                rate = min(rate, paced * let_through / (1 + UNDER))
             self._refuse(now, paced, rate)
             self._edge += 1
             return

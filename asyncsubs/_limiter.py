@@ -193,7 +193,7 @@ class StoreLimiter:
         p.rate_limited += 1
         if p.search is not None:  # a discovering pool learns its rate instead of slowing down
             workers = 1 if self._sharers is None else self._sharers(self.store)
-            if p.search.refused_start(slot.due, now, p.pause_until, workers):
+            if p.search.refused_start(slot.due, now, p.pause_until, workers, p.interval):
                 self._repaced(p.name, now, share=True)
         elif slot.due > p.slowdown.widened_at:  # else sent before the last widening
             since = max(p.run_start, slot.due - p.rate.per)

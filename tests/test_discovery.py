@@ -217,16 +217,17 @@ def test_a_refusal_soon_after_the_last_says_nothing_of_a_leak() -> None:
 
     def refused_twice(search: RateSearch, pause: float, then: float) -> float:
         """Refused at 0, paused, then saturated at 2/s until refused ``then`` s later."""
-        search.refused_start(0.0, 0.01, -math.inf, 1)
+        search.refused_start(0.0, 0.01, -math.inf, 1, 0.5)
         search.rate, search.good, search._goods, search.changed_at = 2.0, 2.0, [2.0], 0.01
         search._edge = 0  # the first refusal at this level
         starts = [pause + i * 0.5 for i in range(int((then - pause) / 0.5) + 1)]
         for start in starts:
             search.started(start, waited=True)
-        search.refused_start(starts[-1], starts[-1] + 0.01, pause, 1)
+        search.refused_start(starts[-1], starts[-1] + 0.01, pause, 1, 0.5)
         return search.rate
 
-    # Paused 1 s, refused 3 s later: 4 accepted starts in 3 s, so 1.33/s less the margin.
+    # Paused 1 s, refused 3 s later: 4 accepted starts of the 6 its pace would have sent in
+    # 3 s, so two thirds of 2/s less the margin.
     assert refused_twice(at_the_edge(), 1.0, 3.0) == pytest.approx(4 / 3 / 1.02)
     # 1.5 s later (under two windows), or mostly paused: a margin's step, as without a leak.
     assert refused_twice(at_the_edge(), 1.0, 1.5) == pytest.approx(2 / 1.02)
