@@ -151,7 +151,8 @@ class RateSearch:
       unseen, and only halving counts), no faster than halfway back to the highest rate below
       it that ran clean, and not below just under that one.
     - After a 429, a hold of ``PROBE_HOLD`` s, doubled for each refusal in a row, before the
-      next raise. A refused rate that later runs clean is forgotten: the server changed.
+      next raise; a run that starts from an imported refusal holds as long from its start. A
+      refused rate that later runs clean is forgotten: the server changed.
     - **Announced** limits replace the search (``announce``).
     """
 
@@ -318,8 +319,12 @@ class RateSearch:
     def _refuse(self, now: float, paced: float, rate: float) -> None:
         self.refused = paced if self.refused is None else min(self.refused, paced)
         self.strikes += 1
-        self.hold_until = now + min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
+        self.hold_until = now + self._hold()
         self._set(now, max(self.lowest, rate), "429")
+
+    def _hold(self) -> float:
+        """Seconds a refused level is held before the next probe, for the refusals in a row."""
+        return min(MAX_HOLD, PROBE_HOLD * 2.0 ** (self.strikes - 1))
 
     def announce(self, now: float, rate: float) -> bool:
         """The server announced its quota: pace by it and stop searching; True when the rate
@@ -342,6 +347,11 @@ class RateSearch:
 
     def take(self, learned: Learned, now: float, *, imported: bool) -> None:
         self.restore(learned, now, by="remembered" if imported else None)
+        if imported and self.strikes:
+            # A new run knows no more of a refused level than the last one did: it holds it
+            # from its start as a 429 would, not probing again at once (its 429s would be a
+            # search's all over again).
+            self.hold_until = max(self.hold_until, now + self._hold())
 
     def stats(self) -> dict[str, Any]:
         return {"rate_by": self.by, "ceiling_found": self.refused, "good": self.good}

@@ -352,6 +352,22 @@ async def test_an_export_imported_starts_the_next_client_where_the_first_stopped
     assert saved["pools"][ORDERS]["hold_until"] > time.time() + PROBE_HOLD - 120
 
 
+async def test_a_run_from_an_imported_refusal_holds_it_before_a_probe(
+    clock: VirtualClock,
+) -> None:
+    """A record whose hold ran out between two runs (a rerun an hour later): the new run holds
+    the refused level as long as a 429 would from its start, then probes 5% up."""
+    sl = bind(discovering())
+    rate = 10 / 1.02
+    done = Learned(rate=rate, rate_by="429", good=rate, refused=16.0, strikes=1, age=3600.0)
+    sl.learning.restore({ORDERS: done})
+    run = await pull(sl, SlidingWindow(10), PROBE_HOLD - 30)
+    assert not run.refusals  # no step up: no 429
+    assert [r for _, r in run.rates] == [rate]
+    later = await pull(sl, SlidingWindow(10), 60)
+    assert later.rates[1][1] == pytest.approx(rate * 1.05)  # a probe, once the hold ran out
+
+
 async def test_an_expired_record_is_probed_again_from_its_rate(clock: VirtualClock) -> None:
     sl = bind(discovering())
     old = Learned(rate=10.0, rate_by="429", good=10.0, refused=16.0, strikes=3, hold=3000.0)

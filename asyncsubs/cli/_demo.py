@@ -313,8 +313,8 @@ def _summary(
             "server's, and how its window counts",
             "429s: a pool raises its rate after clean time and, refused, settles just under "
             "what the server accepted; a rerun with the same --db starts there, without "
-            "searching again, and steps up only five minutes after the last 429 (longer after "
-            "each refusal in a row), where one may meet a 429",
+            "searching again, and holds it five minutes from its start (longer after each "
+            "refusal in a row) before a step up, which may meet a 429",
             *(
                 [
                     f"this run started from what the last one learned ({len(remembered)} of "

@@ -125,8 +125,8 @@ def load_demo(database: Path | None = None, *, stores: int = 3, records: int = 2
     how = (
         f"the clients started from what the last run learned ({len(remembered)} of "
         f"{len(names)} stores, kept in the pipeline's state) and did not search for the rates "
-        "and page sizes again (a pool steps up only five minutes after its last 429, where one "
-        "may meet a 429)"
+        "and page sizes again (a pool holds its rate five minutes from the run's start before a "
+        "step up, which may meet a 429)"
         if remembered
         else "the clients were told neither the heavy pools' rates nor the page size, and "
         "probed for them"
