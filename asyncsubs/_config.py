@@ -272,7 +272,8 @@ class RetryPolicy:
 
     - ``max_attempts``: attempts in all, the first included (1 disables retries).
     - ``backoff_initial``/``backoff_max``: capped exponential backoff with full jitter, seconds.
-    - ``max_total``: give up once this many seconds have passed since the first attempt.
+    - ``max_total``: give up once this many seconds have passed since the first attempt; a
+      backoff is cut to what is left, and a Retry-After that ends later fails at once.
     - ``retry_statuses``: HTTP statuses worth another attempt (a 2xx answer whose envelope
       reports a server error, code ``INTERNAL_ERROR`` or ``SERVER_ERROR``, counts as a 500).
     - ``max_retry_after``: a Retry-After longer than this fails fast with RateLimitError.

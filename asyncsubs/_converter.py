@@ -148,10 +148,14 @@ def structure_records(
         failed = exc
     # Off the hot path: which record, and (for a caller's class, through cattrs) which fields.
     index = next((i for i, r in enumerate(records) if _fails(structure, r)), "?")
+    cause: BaseException | None = failed
     if isinstance(failed, cattrs.BaseValidationError):
         detail = "; ".join(cattrs.transform_error(failed, path=f"$[{index}]"))
+        # Said whole in the detail; its tree of exceptions, as deep as the record, may be too
+        # deep to print or pickle.
+        cause = None
     else:
         detail = f"record {index}: {type(failed).__name__}: {failed}"
     raise ProtocolError(
         f"{method} {path}: a record could not be structured: {detail}", method=method, path=path
-    ) from failed
+    ) from cause

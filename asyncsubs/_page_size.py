@@ -18,10 +18,15 @@ __all__ = ["FIRST_PAGE_ASK", "MAX_PAGE_ASK", "PageSizeSearch", "page_size_search
 #: The first page size a ``page_size="max"`` pull asks for, and the most it ever asks for. The
 #: ladder: the round sizes servers' maxima tend to be; a page served in full is followed by one
 #: of the next size up, a 400 with nothing accepted yet steps down it, and a 400 at its last
-#: rung is not about the page size.
+#: rung is not about the page size. A 400 that does not name the page size steps down to
+#: ``UNNAMED_LAST_RUNG`` only: below it, such a 400 is more likely about something else (a
+#: filter) than a server's maximum.
 FIRST_PAGE_ASK: Final = 1_000
 MAX_PAGE_ASK: Final = 10_000
-PAGE_LADDER: Final = (MAX_PAGE_ASK, 5_000, 2_500, 1_000, 500, 250, 100, 50)
+PAGE_LADDER: Final = (MAX_PAGE_ASK, 5_000, 2_500, 1_000, 500, 250, 100, 50, 25, 10, 1)
+UNNAMED_LAST_RUNG: Final = 50
+#: How a 400's code or message names the page size, lower-cased.
+_SIZE_WORDS: Final = ("pagesize", "page_size", "page size", "page-size")
 #: Narrowing stops once the refused size is within this share of the accepted one.
 PAGE_TOLERANCE: Final = 0.02
 
@@ -37,7 +42,9 @@ class PageSizeSearch:
       asked again smaller, down ``PAGE_LADDER`` while nothing was accepted, then narrowing
       between the largest accepted and the smallest refused (first one past the accepted: a
       server's maximum is often a round number), never twice the same size; a 400 to a size
-      accepted before, or at the ladder's last rung, is about something else and fails;
+      accepted before, at the ladder's last rung (``UNNAMED_LAST_RUNG`` unless it names the
+      page size), or naming the cursor and not the page size (an expired cursor) is about
+      something else and fails;
     - a page served in full is followed by one of the ladder's next size, up to
       ``MAX_PAGE_ASK``.
     """
@@ -77,10 +84,16 @@ class PageSizeSearch:
     def _learn(self, size: int, by: str) -> None:
         self.size, self.by = size, by
 
-    def refused_size(self, size: int) -> bool:
-        """A 400 answered a request for ``size`` records: True when the same page should be asked
-        again at a smaller size (``ask()``), False when the 400 is not about the size."""
-        if size <= self.accepted or (self.accepted == 0 and size <= PAGE_LADDER[-1]):
+    def refused_size(self, size: int, reason: str = "") -> bool:
+        """A 400 answered a request for ``size`` records (``reason``: its code and message):
+        True when the same page should be asked again at a smaller size (``ask()``), False when
+        the 400 is not about the size."""
+        said = reason.lower()
+        names_size = any(word in said for word in _SIZE_WORDS)
+        if "cursor" in said and not names_size:
+            return False
+        last = PAGE_LADDER[-1] if names_size else UNNAMED_LAST_RUNG
+        if size <= self.accepted or (self.accepted == 0 and size <= last):
             if self.accepted == 0:
                 self.refused = None  # nothing was ever accepted: the 400s were not about size
             return False

@@ -200,8 +200,8 @@ class ListCall(Generic[T]):
             query[PAGE_SIZE] = size = search.ask()
             try:
                 envelope = await self._fetch_page(self._path, query)
-            except BadRequestError:
-                if not search.refused_size(size):
+            except BadRequestError as exc:
+                if not search.refused_size(size, f"{exc.code or ''} {exc.message or ''}"):
                     raise
                 continue
             search.served(size, len(envelope.data), envelope.has_next_page)

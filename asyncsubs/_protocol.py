@@ -50,6 +50,7 @@ __all__ = [
     "parse_page",
     "parse_response",
     "parse_retry_after",
+    "redacted",
     "versioned_base",
     "without_secret",
 ]
@@ -88,14 +89,51 @@ class RawResponse:
     body: bytes = attrs.field(repr=False)
 
 
+#: The shortest piece of the token that a text must not show: a parser's excerpt of a line may
+#: cut the token anywhere.
+_TOKEN_PIECE: Final = 8
+
+
+def _shown_forms(secret: str) -> list[str]:
+    """How a text may show ``secret``: as it is, escaped in JSON (``/`` as ``\\/`` too, as PHP
+    writes it) and in a Python repr (aiohttp quotes what it could not parse); longest first."""
+    in_json = _json.dumps(secret).decode()[1:-1]
+    forms = {secret, in_json, in_json.replace("/", "\\/"), repr(secret)[1:-1]}
+    forms.add(repr(secret.encode())[2:-1])
+    return sorted(forms, key=len, reverse=True)
+
+
+def redacted(text: str, secret: str) -> str:
+    """``text`` with every form of ``secret`` in it put as ``***``; a text that still shows a
+    piece of it (an excerpt that cut it) is not shown at all."""
+    for form in _shown_forms(secret):
+        text = text.replace(form, "***")
+    piece = min(_TOKEN_PIECE, len(secret))
+    if any(secret[i : i + piece] in text for i in range(len(secret) - piece + 1)):
+        return "(a text holding part of the client's token, not shown)"
+    return text
+
+
 def without_secret(raw: RawResponse, secret: str) -> RawResponse | None:
     """``raw`` with ``secret`` (the token, echoed by a server or a proxy) put as ``***`` in its
-    body and headers, to build an error from; None when it holds no ``secret``."""
-    encoded = secret.encode()
-    if encoded not in raw.body and not any(secret in value for value in raw.headers.values()):
+    body and headers, to build an error from; None when it holds no ``secret``.
+
+    A JSON body may escape it (``\\/``, ``\\u0074``): one that holds it once decoded is
+    searched, and given, as encoded again."""
+    body = raw.body
+    try:
+        canonical = _json.dumps(_json.loads(body))
+    except (ValueError, TypeError):  # not JSON, or nested deeper than orjson writes
+        canonical = body
+    in_json = _json.dumps(secret)[1:-1]
+    if in_json in canonical:
+        body = canonical.replace(in_json, b"***")
+    for form in _shown_forms(secret):
+        body = body.replace(form.encode(), b"***")
+    headers = {name: redacted(value, secret) for name, value in raw.headers.items()}
+    if body == raw.body and headers == raw.headers:
         return None
-    headers = {name: value.replace(secret, "***") for name, value in raw.headers.items()}
-    return RawResponse(raw.status, headers, raw.body.replace(encoded, b"***"))
+    return RawResponse(raw.status, headers, body)
 
 
 @attrs.frozen
@@ -312,7 +350,9 @@ def build_request(
         query = [(str(k), _query_value(v)) for k, v in params.items() if v is not None]
         if query:
             joined = "&".join(f"{k}={v}" for k, v in query)  # plain keys and values, as a rule
-            url = f"{url}?{joined if _PLAIN_QUERY.fullmatch(joined) else urlencode(query)}"
+            # One "=" a pair: a value such as "k1&sig=ab12" (an opaque cursor) is not two pairs.
+            plain = joined.count("=") == len(query) and _PLAIN_QUERY.fullmatch(joined)
+            url = f"{url}?{joined if plain else urlencode(query)}"
     body = None if json is None else encode_json(json)
     if headers is None:
         headers = request_headers(token, user_agent)

@@ -94,11 +94,18 @@ def retry_delay(
         return None
     if not _is_retryable(exc, request, policy):
         return None
-    if not _waiting or isinstance(exc, RateLimitError):  # a 429 waits in the limiter's pause
+    if not _waiting:
         return 0.0
+    left = policy.max_total - elapsed
     if isinstance(exc, APIError) and exc.retry_after is not None:
-        return exc.retry_after  # a 503's Retry-After: the server says when it expects to be back
-    return random.uniform(0.0, _backoff_ceiling(policy, attempt))
+        # The server says when it expects to be back (a 429's wait is its pool's pause, in the
+        # limiter): an attempt sooner is wasted, one after the budget is not made.
+        if exc.retry_after > left:
+            return None
+        return 0.0 if isinstance(exc, RateLimitError) else exc.retry_after
+    if isinstance(exc, RateLimitError):
+        return 0.0
+    return min(left, random.uniform(0.0, _backoff_ceiling(policy, attempt)))
 
 
 def pause_after_429(policy: RetryPolicy, retry_after: float | None, attempt: int) -> float | None:

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
-from ._protocol import RawResponse, Request
+from ._protocol import TOKEN_HEADER, RawResponse, Request, redacted
 from .errors import ProtocolError, TransportError, excerpt
 
 __all__ = ["AiohttpTransport", "ConnectingTransport", "Transport"]
@@ -118,9 +118,11 @@ def _transport_error(exc: aiohttp.ClientError, request: Request) -> TransportErr
             transient=False,
             **kwargs,
         )
-    # A ClientResponseError's str() is safe (its repr and args are not); the message is
-    # aiohttp's description of what the server sent.
+    # A ClientResponseError's str() holds no header of ours (its repr and args do); the message
+    # is aiohttp's description of what the server sent, which may quote the token echoed back.
     detail = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+    if token := request.headers.get(TOKEN_HEADER):
+        detail = redacted(detail, token)
     return TransportError(
         f"{where}: connection failed: {type(exc).__name__}: {excerpt(detail)}", **kwargs
     )

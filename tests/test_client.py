@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import attrs
 import pytest
-from hostile import WireServer
+from hostile import WireServer, assert_printable
 
 import asyncsubs
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
@@ -319,6 +319,25 @@ async def test_a_record_that_does_not_structure_is_named(
     async with make_client() as client:
         with pytest.raises(errors.ProtocolError, match=f"could not be structured: {detail}"):
             await ids_of(client.orders.list(model=model))
+
+
+@attrs.frozen
+class Node:
+    id: int
+    children: list[Node] = attrs.field(factory=list)
+
+
+async def test_a_record_too_deep_for_its_class_fails_with_an_error_that_prints(
+    server: FakeAdminServer, make_client: MakeClient
+) -> None:
+    """cattrs' tree of exceptions is as deep as the record: said in the message, not chained."""
+    deep = '{"id":1,"children":[' * 450 + '{"id":2}' + "]}" * 450
+    body = '{"success":true,"data":[' + deep + '],"pageInfo":{"hasNextPage":false}}'
+    server.enqueue(200, body, path="orders")
+    async with make_client() as client:
+        with pytest.raises(errors.ProtocolError, match=r"could not be structured.*\$\[0\]") as info:
+            await ids_of(client.orders.list(model=Node))
+    assert_printable(info.value)
 
 
 async def test_resume_cursor_repeated_by_server_is_a_loop(

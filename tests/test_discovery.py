@@ -542,13 +542,14 @@ async def large_stores() -> Any:
     stores = [
         FakeStoreConfig("clamps", records={"orders": 2_345}, max_page_size=300),
         FakeStoreConfig("refuses", records={"orders": 2_345}, max_page_size=500, over_max="reject"),
+        FakeStoreConfig("small", records={"orders": 345}, max_page_size=20, over_max="reject"),
     ]
     async with FakeAdminServer(stores=stores, rate_limits=None) as fake:
         yield fake
 
 
 @pytest.mark.parametrize(
-    ("store", "largest", "most_400s"), [("clamps", 300, 0), ("refuses", 500, 2)]
+    ("store", "largest", "most_400s"), [("clamps", 300, 0), ("refuses", 500, 2), ("small", 20, 7)]
 )
 async def test_a_max_pull_learns_the_size_and_keeps_every_record_once(
     large_stores: FakeAdminServer, store: str, largest: int, most_400s: int
@@ -638,6 +639,25 @@ async def test_a_400_that_is_not_about_the_size_fails_as_before(
         with pytest.raises(BadRequestError, match="status must be one of"):
             await anext(aiter(client.subscriptions.list(page_size="max", params={"status": "NO"})))
     assert fake.stats("refuses").statuses[400] <= 5  # the ladder down to 50, no further
+
+
+async def test_a_400_about_the_cursor_is_not_about_the_size(
+    large_stores: FakeAdminServer, fast_limits: Limits
+) -> None:
+    """An expired or foreign cursor's 400 fails the pull at once and teaches no page size."""
+    fake = large_stores
+    async with AdminClient(
+        token=fake.store("clamps").token,
+        base_url=fake.base_url,
+        store="clamps",
+        limiter=Limiter(),
+        limits=fast_limits,
+    ) as client:
+        with pytest.raises(BadRequestError, match="INVALID_CURSOR"):
+            await anext(aiter(client.orders.list(page_size="max", after_cursor="expired")))
+        learned = client.export_learned()["pools"][ORDERS]
+    assert fake.stats("clamps").statuses[400] == 1
+    assert (learned["page_size"], learned["page_refused"]) == (None, None)
 
 
 def test_page_size_max_is_spelled_as_documented() -> None:

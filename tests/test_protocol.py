@@ -10,7 +10,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from asyncsubs import _json, errors
@@ -23,7 +23,9 @@ from asyncsubs._protocol import (
     parse_page,
     parse_response,
     parse_retry_after,
+    redacted,
     versioned_base,
+    without_secret,
 )
 
 TOKEN = "tok-SECRET-123"
@@ -143,6 +145,7 @@ def test_build_request_headers_and_query() -> None:
         max_size=3,
     )
 )
+@example({"afterCursor": "k1&sig=ab12"})  # an opaque cursor that looks like two pairs
 def test_a_query_is_what_urlencode_makes_of_it(params: dict[str, object]) -> None:
     """Plain pairs are joined as they are (the common case, cheaper); any other is encoded."""
     req = build_request("https://x.test/admin/2026-04/", TOKEN, "GET", "s", params=params)
@@ -419,3 +422,31 @@ def test_errors_and_responses_carry_response_headers_and_request_id() -> None:
     with pytest.raises(errors.NotFoundError) as missing:
         parse_response("GET", "x", raw(404, {}))
     assert (missing.value.request_id, dict(missing.value.headers)) == (None, {})
+
+
+ESCAPABLE = 'tok/SE"CR\\ET-123'
+
+
+@pytest.mark.parametrize(
+    "shown",
+    [
+        ESCAPABLE,
+        json.dumps(ESCAPABLE)[1:-1],  # in a JSON string
+        json.dumps(ESCAPABLE)[1:-1].replace("/", "\\/"),  # as PHP writes it
+        repr(ESCAPABLE.encode())[2:-1],  # as aiohttp quotes a line it could not parse
+        ESCAPABLE[3:12],  # a parser's excerpt that cut it
+    ],
+)
+def test_no_form_of_the_token_survives_redaction(shown: str) -> None:
+    text = redacted(f"Invalid HTTP header: b'X-A: {shown}'", ESCAPABLE)
+    assert all(piece not in text for piece in ("SE", "CR", "ET-123"))
+    assert redacted("nothing of it here", ESCAPABLE) == "nothing of it here"
+
+
+def test_an_echo_escaped_in_json_is_found_and_left_out() -> None:
+    escaped = "".join(f"\\u{ord(ch):04x}" for ch in ESCAPABLE)  # every character escaped
+    body = b'{"success": false, "message": "bad token ' + escaped.encode() + b'"}'
+    clean = without_secret(raw(401, body), ESCAPABLE)
+    assert clean is not None
+    assert json.loads(clean.body) == {"success": False, "message": "bad token ***"}
+    assert without_secret(raw(401, b'{"message": "bad token"}'), ESCAPABLE) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import socket
 import ssl
 import zlib
@@ -104,6 +105,30 @@ async def test_retry_after_beyond_cap_fails_fast(
             await client.request("GET", "subscriptions/1")
     assert info.value.retry_after == 3600
     assert info.value.attempts == 1
+
+
+def test_no_attempt_is_made_past_max_total() -> None:
+    """A Retry-After that ends after the budget fails at once; a backoff is cut to what is
+    left of it."""
+    from asyncsubs._protocol import build_request
+    from asyncsubs._retry import retry_delay, set_waiting
+
+    policy = RetryPolicy(max_total=2.0, backoff_initial=30.0, backoff_max=30.0)
+    get = build_request("https://x.test/admin/2026-04/", "t", "GET", "subscriptions/1")
+    unavailable = errors.ServerError("503", status=503, retry_after=8.0)
+    limited = errors.RateLimitError("429", status=429, retry_after=8.0)
+    previous = set_waiting(True)  # the autouse fixture turned waits off
+    try:
+        assert retry_delay(policy, get, unavailable, 1, elapsed=0.0) is None
+        assert retry_delay(policy, get, limited, 1, elapsed=0.0) is None
+        unavailable.retry_after = limited.retry_after = 1.5
+        assert retry_delay(policy, get, unavailable, 1, elapsed=0.5) == 1.5
+        assert retry_delay(policy, get, limited, 1, elapsed=0.5) == 0.0  # the pool's pause
+        reset = errors.TransportError("reset", maybe_processed=False)
+        delays = [retry_delay(policy, get, reset, 1, elapsed=1.5) for _ in range(50)]
+        assert all(delay is not None and delay <= 0.5 for delay in delays)
+    finally:
+        set_waiting(previous)
 
 
 async def test_timeout_is_retried_then_surfaces_as_transport_error(
@@ -416,6 +441,42 @@ async def test_no_error_carries_the_token_anywhere_in_its_chain(
             await client.request("GET", "subscriptions/1")
     assert CANARY.encode() in wire.requests[0]  # the token was sent, and still is nowhere:
     assert places_holding(info.value, CANARY) == []
+
+
+#: A token with characters JSON and Python's repr escape, and its echoes in other forms.
+ESCAPABLE = 'CANARY/tok"en\\5b1f0e'
+_RAW = ESCAPABLE.encode()
+_IN_JSON = json.dumps(ESCAPABLE)[1:-1].replace("/", "\\/").encode()  # "\/" as PHP writes it
+_ESCAPED = "".join(f"\\u{ord(ch):04x}" for ch in ESCAPABLE).encode()
+_ESCAPED_ECHOES = {
+    "401 JSON-escaped echo": _http(
+        "401 Unauthorized", b'{"message": "bad token ' + _IN_JSON + b'"}'
+    ),
+    "400 \\u-escaped echo": _http("400 Bad Request", b'{"code": "' + _ESCAPED + b'"}'),
+    "NUL after an echoed header": (
+        b"HTTP/1.1 200 OK\r\nX-A: " + _RAW + b"\x00\r\nContent-Length: 2\r\n\r\nxx"
+    ),
+    "echo in the status line": b"HTTP/1.1 2x0 " + _RAW + b"\r\n\r\n",
+    "echo as a header line": b"HTTP/1.1 200 OK\r\n" + _RAW + b"\r\nContent-Length: 2\r\n\r\nxx",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_ESCAPED_ECHOES))
+async def test_no_error_carries_the_token_in_any_form_an_echo_takes(
+    make_client: MakeClient, kind: str
+) -> None:
+    """Escaped in JSON, or quoted by aiohttp's parser from a line it could not read."""
+    async with (
+        WireServer(lambda _: _ESCAPED_ECHOES[kind]) as wire,
+        make_client(
+            token=ESCAPABLE, base_url=wire.base_url, retry=RetryPolicy(max_attempts=1)
+        ) as client,
+    ):
+        with pytest.raises(errors.AsyncSubsError) as info:
+            await client.request("GET", "subscriptions/1")
+    assert _RAW in wire.requests[0]
+    assert places_holding(info.value, "CANARY") == []
+    assert places_holding(info.value, "5b1f0e") == []
 
 
 async def test_no_error_of_the_connection_itself_carries_the_token(
