@@ -357,6 +357,27 @@ async def test_rotation_with_two_secrets(started: Start, scheme: str) -> None:
     assert len(handler2.events) == 1
 
 
+@pytest.mark.parametrize("scheme", ["hmac", "timestamped", "standard-webhooks"])
+def test_a_signature_field_sent_in_several_lines_is_one_list(scheme: str) -> None:
+    """A rotation's signatures, each in a line of its own (RFC 9110 5.3: one list), as a
+    sender or a proxy may split them: the receiver's own is read from the second line."""
+    new, old = (SW_NEW, SW_OLD) if scheme == "standard-webhooks" else (NEW, OLD)
+    sender = WebhookConfig(old, previous_secrets=[new], scheme=scheme)
+    receiver = WebhookConfig(new, scheme=scheme)
+    body, now = storeless("r-1"), time.time()
+    sent = signed_headers(sender, body, timestamp=now, event_id="msg_1")
+    name = sender.signature_header
+    lines = CIMultiDict((k, v) for k, v in sent.items() if k != name)
+    for value in sent[name].split(" " if scheme == "standard-webhooks" else ","):
+        lines.add(name, value)
+    assert len(lines.getall(name)) >= 2
+    verify_delivery(receiver, lines, body, now)  # raises DeliveryRefused otherwise
+    one_line = CIMultiDict((k, v) for k, v in lines.items() if k != name)
+    one_line.add(name, lines.getall(name)[0])  # the old secret's only
+    with pytest.raises(DeliveryRefused):
+        verify_delivery(receiver, one_line, body, now)
+
+
 # --- stores --------------------------------------------------------------------------------------
 
 

@@ -322,7 +322,7 @@ async def test_unparseable_bodies_are_400_after_the_signature_check(started: Sta
 
 
 async def test_oversized_bodies_are_refused_with_or_without_a_length(
-    started: Start, session: aiohttp.ClientSession
+    started: Start, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     handler = Recorder()
     receiver, post = await started(handler, max_body_bytes=1000)
@@ -343,6 +343,39 @@ async def test_oversized_bodies_are_refused_with_or_without_a_length(
     await receiver.join()
     assert [e.id for e in handler.events] == ["evt-1"]
     assert receiver.stats.too_large == 2
+    # Anyone can send these: the first is a warning, the second only counted.
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "above" in r.message]
+    assert len(warned) == 1
+
+
+async def test_garbage_http_and_unreadable_bodies_are_400s_without_a_traceback(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What aiohttp cannot parse or decode is the sender's fault: a 400, a warning for the first
+    body only, and never an ERROR or a traceback (shown by a command as they are)."""
+    receiver, post = await started(Recorder())
+    body = b"not gzip at all"
+    for _ in range(2):
+        headers = {"Content-Encoding": "gzip"}
+        answer = await post(body, signature=hex_sig(body), headers=headers)
+        assert answer == (400, {"status": "bad request", "reason": "unreadable_body"})
+    assert receiver.url is not None
+    port = int(receiver.url.rsplit(":", 1)[1].split("/")[0])
+    for garbage in (
+        b"POST /webhooks HTTP/1.1\r\nHost x\r\n\r\n",
+        b"POST /webhooks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(garbage)
+        assert (await reader.readline()).startswith(b"HTTP/1.0 400")
+        writer.close()
+        await writer.wait_closed()
+    assert receiver.stats.bad_request == 2
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.message.split(" (")[0] for r in loud] == [
+        "webhook delivery refused: body cannot be read"
+    ]
+    assert not any(r.exc_info for r in loud)
 
 
 async def test_event_shape_is_configurable(started: Start) -> None:
@@ -547,7 +580,9 @@ def test_dedupe_window_expires_and_is_bounded() -> None:
 # --- queue, retries, dead letters ----------------------------------------------------------------
 
 
-async def test_full_queue_answers_503_and_the_retry_is_not_deduped(started: Start) -> None:
+async def test_full_queue_answers_503_and_the_retry_is_not_deduped(
+    started: Start, caplog: pytest.LogCaptureFixture
+) -> None:
     gate = asyncio.Event()
     handler = Recorder(gate=gate)
     receiver, post = await started(handler, queue_size=2, retry_after=7)
@@ -557,13 +592,18 @@ async def test_full_queue_answers_503_and_the_retry_is_not_deduped(started: Star
     assert (await post(event_body("e3")))[0] == 200
     status, answer = await post(event_body("e4"))
     assert (status, answer["retry_after"]) == (503, "7")
+    assert (await post(event_body("e5")))[0] == 503
     assert receiver.pending == 2
     gate.set()
     await receiver.join()
     assert (await post(event_body("e4")))[1] == {"status": "accepted"}
     await receiver.join()
     assert [e.id for e in handler.events] == ["e1", "e2", "e3", "e4"]
-    assert receiver.stats.unavailable == 1
+    assert receiver.stats.unavailable == 2
+    # A burst is one warning, and its end another.
+    warned = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [m.split(":")[0] for m in warned] == ["webhook delivery answered 503", "webhooks"]
+    assert "accepting again, after 2 deliveries answered 503" in warned[1]
 
 
 async def test_handler_failures_are_retried(

@@ -14,7 +14,8 @@ bounded by ``max_buffered_bytes`` whatever the number of connections.
 from __future__ import annotations
 
 import asyncio
-from typing import Final, cast
+import logging
+from typing import Any, Final, cast
 
 import attrs
 from aiohttp import web
@@ -28,6 +29,18 @@ _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
 )
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server log, at DEBUG in the package's: a request it cannot parse (a bad header,
+    chunk size or encoding) is answered 400 by aiohttp and logged there with its traceback, and
+    anyone who reaches the port can send a thousand of them."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().log(logging.DEBUG, msg, *args, **kwargs)
+
+
+_SERVER_LOG: Final = _ServerLog(logging.getLogger("asyncsubs.webhooks.http"))
 
 
 @attrs.frozen
@@ -171,6 +184,7 @@ class Listener:
         self._runner = web.AppRunner(
             app,
             access_log=None,
+            logger=_SERVER_LOG,
             shutdown_timeout=5.0,
             keepalive_timeout=limits.idle_timeout,
             # aiohttp buffers up to about twice this per connection ahead of the handler.

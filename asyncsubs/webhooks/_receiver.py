@@ -201,6 +201,8 @@ class WebhookReceiver:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._adding = 0  # deliveries being written to the inbox
         self._inbox_failures = 0  # inbox writes failed since the last that succeeded
+        self._busy_refusals = 0  # deliveries answered 503 since one was last accepted
+        self._refused_unread: set[int] = set()  # statuses of bodies refused unread so far
         # Event id -> whether it was kept, for deliveries being written to the inbox: a copy
         # arriving meanwhile waits for it rather than being acknowledged before it is kept.
         self._keeping: dict[str, asyncio.Future[bool]] = {}
@@ -417,6 +419,11 @@ class WebhookReceiver:
                 body += chunk
                 if len(body) > limit:
                     raise too_large
+        except web.RequestPayloadError as exc:  # e.g. a Content-Encoding it does not decode
+            # The rest of the request cannot be found in the stream: the connection ends here.
+            closing = {"Connection": "close"}
+            unreadable = _answer(400, "bad request", closing, reason="unreadable_body")
+            raise _Refused(unreadable, f"body cannot be read ({_describe(exc)})") from None
         finally:
             if budget is not None:
                 budget.give(len(body))
@@ -458,6 +465,22 @@ class WebhookReceiver:
     def _busy(self, state: str) -> web.Response:
         return _answer(503, state, {"Retry-After": str(self.config.retry_after)})
 
+    def _unavailable(self, why: str) -> web.Response:
+        """A 503 for a full queue or body budget: a WARNING for the first of a burst, DEBUG
+        lines until a delivery is accepted again (a burst of a thousand must not flood the
+        log; the sender retries each)."""
+        self._stats.unavailable += 1
+        self._busy_refusals += 1
+        first = self._busy_refusals == 1
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "webhook delivery%s answered 503: %s%s",
+            self._for,
+            why,
+            " (until one is accepted again, further ones are logged at DEBUG)" if first else "",
+        )
+        return self._busy("busy")
+
     def _duplicate(self, event: WebhookEvent) -> web.Response:
         self._stats.duplicates += 1
         log.debug("duplicate webhook event %s%s ignored", event.id, self._for)
@@ -476,11 +499,24 @@ class WebhookReceiver:
         try:
             body = await self._read(request, None if connection is None else connection.budget)
         except _Refused as refused:
-            if refused.response.status == 413:
+            status = refused.response.status
+            if status == 503:
+                return self._unavailable(refused.reason)
+            if status == 413:
                 self._stats.too_large += 1
             else:
-                self._stats.unavailable += 1
-            log.warning("webhook delivery%s refused: %s", self._for, refused.reason)
+                self._stats.bad_request += 1
+            # Anyone who reaches the port can send these, a thousand times: the first of each
+            # status is a WARNING, the next ones are counted (stats) and logged at DEBUG.
+            first = status not in self._refused_unread
+            self._refused_unread.add(status)
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "webhook delivery%s refused: %s%s",
+                self._for,
+                refused.reason,
+                " (further ones are counted, and logged at DEBUG)" if first else "",
+            )
             return refused.response
         if connection is not None:
             connection.request_read()  # read in full: no deadline while it is answered
@@ -515,11 +551,14 @@ class WebhookReceiver:
         if event.id in self._seen:
             return self._duplicate(event)
         if self._queue.qsize() + self._adding >= self.config.queue_size:
-            self._stats.unavailable += 1
+            return self._unavailable(f"the queue is full ({self.config.queue_size} events)")
+        if self._busy_refusals:
             log.warning(
-                "webhook queue%s full (%d); answering 503", self._for, self.config.queue_size
+                "webhooks%s: accepting again, after %d deliveries answered 503",
+                self._for,
+                self._busy_refusals,
             )
-            return self._busy("busy")
+            self._busy_refusals = 0
         self._seen.add(event.id)
         if self.inbox is not None:
             entry = InboxEntry(self._key, event.id, body, event.received_at)

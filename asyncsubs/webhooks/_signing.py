@@ -155,6 +155,16 @@ def _unix_seconds(value: str | None, header: str) -> int:
     return int(value)
 
 
+def _field(headers: Mapping[str, str], name: str, separator: str) -> str | None:
+    """Header ``name`` whole: a field sent in several lines is one list (RFC 9110 5.3), which a
+    sender or a proxy may split a rotation's signatures into; ``headers.get`` reads the first."""
+    getall = getattr(headers, "getall", None)  # aiohttp's (multidict) headers
+    values = getall(name, ()) if getall is not None else ()
+    if len(values) > 1:
+        return separator.join(values)
+    return headers.get(name)
+
+
 def _verify_hmac(
     config: WebhookConfig, headers: Mapping[str, str], body: bytes, now: float
 ) -> None:
@@ -171,7 +181,7 @@ def _verify_hmac(
                 f"{config.timestamp_header} is not epoch seconds or ISO-8601 with a zone: {shown}",
             )
         stamp = parsed
-    header = headers.get(name)
+    header = _field(headers, name, ",")
     if not header:
         raise _missing(name, f"{config.encoding} HMAC-{config.algorithm.upper()} of the body")
     given = []
@@ -206,7 +216,7 @@ def _verify_timestamped(
     config: WebhookConfig, headers: Mapping[str, str], body: bytes, now: float
 ) -> None:
     name = config.signature_header
-    header = headers.get(name)
+    header = _field(headers, name, ",")
     if not header:
         raise _missing(name, "t=<unix seconds>,v1=<signature>")
     stamps, given = [], []
@@ -251,7 +261,7 @@ def _verify_standard(
 ) -> str:
     id_header, stamp_header = _standard_headers(config)
     name = config.signature_header
-    header = headers.get(name)
+    header = _field(headers, name, " ")
     if not header:
         raise _missing(name, "v1,<base64> entries")
     message_id = headers.get(id_header)
