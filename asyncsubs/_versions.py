@@ -1,36 +1,98 @@
 """Which of two versions of a record is the newer: one rule for the webhook receiver's
-``supersedes``, the sinks' incremental high-water mark and the dlt source's repeated records.
+``supersedes``, the sinks' upserts and incremental high-water mark, and the dlt source's
+repeated records.
 
 Versions are ordered by a field the server stamps (``updatedAt``, or a resource's incremental
-field): timestamps as instants (``Z`` and offsets mix; one without an offset is UTC), numbers
-as numbers, other strings as text. Values that do not compare (one missing, a number and a
-string) order nothing: the version seen later wins, as in the sinks' SQL.
+field), of one of three kinds: numbers as numbers (a string of digits too: a sink's column holds
+the stamp as text, and a server may send an epoch or a sequence either way), timestamps of ISO
+8601's extended form as instants to the microsecond (``Z`` and offsets mix; one without an
+offset is UTC), other strings as text (by code point). Stamps of two kinds, or a missing one,
+order nothing: the version seen later wins. The sinks apply the same rule in SQL
+(``older_sql`` in PostgreSQL, ``older`` itself registered in SQLite), with the same patterns.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from datetime import UTC, datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, Final
 
-__all__ = ["newer", "older"]
+__all__ = ["INSTANT_PATTERN", "NUMBER_PATTERN", "newer", "older", "older_sql"]
+
+#: A number as JSON writes one, or as a string of digits.
+NUMBER_PATTERN: Final = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+#: An instant: a date, then maybe a time to the minute, second or microsecond, then maybe a zone.
+INSTANT_PATTERN: Final = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?"
+    r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?"
+)
+_NUMBER: Final = re.compile(NUMBER_PATTERN)
+_INSTANT: Final = re.compile(INSTANT_PATTERN)
+_NUMBER_KIND, _INSTANT_KIND, _TEXT_KIND = 0, 1, 2
 
 
-def _instant(value: str) -> datetime:
-    parsed = datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+def _version(stamp: Any) -> tuple[int, Any] | None:
+    """``stamp``'s kind and the value it compares by within it; None when it orders nothing."""
+    if isinstance(stamp, bool) or stamp is None:
+        return None
+    if isinstance(stamp, int | float):
+        return (_NUMBER_KIND, stamp) if math.isfinite(stamp) else None
+    if not isinstance(stamp, str):
+        return None
+    if _NUMBER.fullmatch(stamp):
+        return _NUMBER_KIND, Decimal(stamp)
+    if _INSTANT.fullmatch(stamp):
+        try:
+            parsed = datetime.fromisoformat(stamp)
+        except ValueError:  # a month 13, a hour 25
+            return _TEXT_KIND, stamp
+        return _INSTANT_KIND, parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    return _TEXT_KIND, stamp
 
 
 def older(a: Any, b: Any) -> bool:
     """Whether the version stamped ``a`` is older than the one stamped ``b``."""
-    if isinstance(a, str) and isinstance(b, str):
-        try:
-            return _instant(a) < _instant(b)
-        except ValueError:
-            return a < b
-    numbers = [isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b)]
-    return all(numbers) and bool(a < b)
+    version_a, version_b = _version(a), _version(b)
+    if version_a is None or version_b is None or version_a[0] != version_b[0]:
+        return False
+    return bool(version_a[1] < version_b[1])
 
 
 def newer(a: Any, b: Any) -> Any:
     """The newer of two stamps, ``b`` (seen later) unless ``a`` is newer; None is no stamp."""
     return a if b is None or older(b, a) else b
+
+
+def older_sql(name: str) -> str:
+    """``older`` as a PostgreSQL function ``name(a text, b text) RETURNS boolean``: the same
+    patterns, instants read in UTC (``SET timezone``), text compared by code point."""
+    return f"""CREATE OR REPLACE FUNCTION {name}(a text, b text) RETURNS boolean
+        LANGUAGE plpgsql IMMUTABLE SET timezone TO 'UTC' AS $$
+        DECLARE
+            number text := '^{NUMBER_PATTERN}$';
+            instant text := '^{INSTANT_PATTERN}$';
+            instant_a timestamptz;
+            instant_b timestamptz;
+        BEGIN
+            IF a IS NULL OR b IS NULL THEN
+                RETURN false;
+            ELSIF a ~ number OR b ~ number THEN
+                RETURN a ~ number AND b ~ number AND a::numeric < b::numeric;
+            END IF;
+            BEGIN
+                instant_a := CASE WHEN a ~ instant THEN a::timestamptz END;
+            EXCEPTION WHEN others THEN
+                instant_a := NULL;
+            END;
+            BEGIN
+                instant_b := CASE WHEN b ~ instant THEN b::timestamptz END;
+            EXCEPTION WHEN others THEN
+                instant_b := NULL;
+            END;
+            IF instant_a IS NOT NULL OR instant_b IS NOT NULL THEN
+                RETURN instant_a IS NOT NULL AND instant_b IS NOT NULL AND instant_a < instant_b;
+            END IF;
+            RETURN a COLLATE "C" < b COLLATE "C";
+        END $$"""

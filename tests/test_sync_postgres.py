@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -33,6 +33,7 @@ from test_sync import RESOURCES, STORES, env_name, write_config
 from virtual_clock import VirtualClock
 
 from asyncsubs.__main__ import main
+from asyncsubs._versions import older
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
 from asyncsubs.cli._summaries import sync_summary
@@ -166,6 +167,47 @@ async def test_both_sinks_keep_the_same_upsert_rules(sink_url: str) -> None:
         assert await sink.count("s", "orders") == 2
         state = await sink.load_state("s", "orders")
         assert (state.cursor, state.done, state.run_pages, state.run_records) == (None, True, 2, 4)
+    finally:
+        await sink.aclose()
+
+
+#: Pairs of stamps (new, stored) on which a database's comparison could part from Python's.
+STAMP_PAIRS: Final = [
+    ("2036-01-01T00:00:00.000100Z", "2036-01-01T00:00:00.000400Z"),  # within a millisecond
+    ("2036-01-01T00:00:00.000400Z", "2036-01-01T00:00:00.000100Z"),
+    (9_999_999_999, 10_000_000_000),  # epoch seconds: numbers, not Julian days, not text
+    ("9999999", "10000000"),  # a sequence sent as digits
+    (2**70, 2**70 + 1),  # beyond 64 bits
+    (1.5, "2"),
+    ("2026-01-01T09:00:00Z", "2026-01-01T10:00:00+0530"),  # an offset without its colon
+    ("2026-01-01T10:00:00+0530", "2026-01-01T09:00:00Z"),
+    ("2026-01-01T11:00:00+02:00", "2026-01-01T10:00:00Z"),  # earlier as an instant
+    ("2026-01-01T00:00:00", "2026-01-01T00:00:01Z"),  # no offset: UTC
+    ("2026-01-01", "2026-01-01T00:00:01Z"),
+    ("2026-01-01 10:00", "2026-01-01T10:00:00.5Z"),
+    ("2026-13-01T00:00:00Z", "2026-12-01T00:00:00Z"),  # no instant: text
+    ("2026-01-01T00:00:00.1234567Z", "2026-01-01T00:00:00.2Z"),  # nanoseconds: text
+    ("b", "a"),
+    ("a", "b"),
+    ("Z", "a"),  # by code point, not by a collation
+    ("5", "2026-01-01T00:00:00Z"),  # two kinds: the later wins
+    ("2026-01-01T00:00:00Z", "today"),
+    (None, "2026-01-01T00:00:00Z"),
+    ("2026-01-01T00:00:00Z", None),
+    ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),  # equal: replaced
+]
+
+
+async def test_both_sinks_order_versions_by_the_one_rule(sink_url: str) -> None:
+    """A stored version is replaced exactly when ``_versions.older`` says the new one is not
+    older: the database's comparison is the receiver's and the dlt source's."""
+    sink = make_sink(sink_url)
+    await sink.open()
+    try:
+        for i, (new, stored) in enumerate(STAMP_PAIRS):
+            await sink.upsert_record("s", "orders", {"id": i, "updatedAt": stored})
+            replaced = await sink.upsert_record("s", "orders", {"id": i, "updatedAt": new})
+            assert replaced is not older(new, stored), (new, stored)
     finally:
         await sink.aclose()
 

@@ -32,6 +32,7 @@ __all__ = [
     "Dialect",
     "LeaseLostError",
     "Leases",
+    "OLDER",
     "PageWrite",
     "Records",
     "SQLSink",
@@ -53,6 +54,8 @@ STATE_COLUMNS: Final = (
     "cursor, done, run_params, run_from, next_from, seen_max, run_pages, run_records"
 )
 DELETED_TABLE: Final = "asyncsubs_deleted"
+#: The SQL function of ``_versions.older`` both sinks define: whether stamp a is older than b.
+OLDER: Final = "asyncsubs_older"
 #: What each store's pools learned of the server (``AdminClient.export_learned()``), so that
 #: the next sync starts at the learned rates and page sizes.
 LEARNED_TABLE: Final = "asyncsubs_learned"
@@ -188,8 +191,6 @@ class Dialect:
 
     #: A named parameter, ``{}`` for its name: ``:{}`` (SQLite), ``%({})s`` (psycopg).
     param: str
-    #: A text stamp as an instant to compare (NULL when it does not parse), ``{}`` for it.
-    instant: str
     #: The time now, as the database writes it.
     now: str
     #: One row, whose first column is true, when table ``{}`` exists.
@@ -238,8 +239,8 @@ class Statements:
 
     def upsert(self, resource: str, rows: str = "") -> str:
         # Newer-or-equal wins, so webhooks and pulls may land in any order: a stale page never
-        # overwrites a fresher webhook, nor a late webhook a fresher page. Timestamps compare
-        # as instants when they parse (``Z`` and offsets mix), as text otherwise. Equal stamps
+        # overwrites a fresher webhook, nor a late webhook a fresher page. Stamps compare by
+        # ``_versions.older`` (``OLDER``, each database's function of it). Equal stamps
         # replace: the next (inclusive) incremental pull settles same-second changes. A
         # deleted id never comes back. ``rows``: a FROM item ``v`` (default: one record's).
         if (resource, rows) in self._upserts:
@@ -247,7 +248,6 @@ class Statements:
         d, p = self.dialect, self.dialect.param.format
         columns = ", ".join(("id", *_TYPED, "raw"))
         source = rows or f"(SELECT {', '.join(f'{p(c)} AS {c}' for c in columns.split(', '))}) v"
-        new, old = d.instant.format("excluded.updated_at"), d.instant.format("t.updated_at")
         update = _set_excluded("status, customer_id, created_at, updated_at, raw, synced_at")
         self._upserts[resource, rows] = sql = f"""INSERT INTO {resource} AS t
                 (store, {columns}, synced_at)
@@ -255,8 +255,7 @@ class Statements:
             WHERE NOT EXISTS (SELECT 1 FROM {DELETED_TABLE}
                 WHERE store = {p("store")} AND resource = '{resource}' AND id = v.id)
             ON CONFLICT (store, id) DO UPDATE SET {update}
-            WHERE t.updated_at IS NULL OR excluded.updated_at IS NULL
-                OR coalesce({new} >= {old}, excluded.updated_at >= t.updated_at)"""
+            WHERE NOT {OLDER}(excluded.updated_at, t.updated_at)"""
         return sql
 
     def record(self, store: str, record: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,9 +26,11 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from .. import _json
+from .._versions import older_sql
 from ..webhooks import DeadLetter, Inbox, InboxEntry
 from ._sink import (
     DEFAULT_LEASE,
+    OLDER,
     STATE_TABLE,
     DatabaseError,
     DatabaseUnavailable,
@@ -110,15 +112,7 @@ _SCHEMA: Final = (
         failed_at timestamptz NOT NULL,
         store text
     )""",
-    # Timestamps compare as instants when they parse (``Z`` and offsets mix), as text
-    # otherwise, as the SQLite sink's julianday() does.
-    """CREATE OR REPLACE FUNCTION asyncsubs_instant(value text) RETURNS timestamptz
-        LANGUAGE plpgsql STABLE AS $$
-        BEGIN
-            RETURN value::timestamptz;
-        EXCEPTION WHEN others THEN
-            RETURN NULL;
-        END $$""",
+    older_sql(OLDER),
 )
 
 
@@ -130,7 +124,6 @@ def _jsonb(value: Any) -> Jsonb | None:
 _SQL: Final = Statements(
     Dialect(
         param="%({})s",
-        instant="asyncsubs_instant({})",
         now="now()",
         has_table="SELECT to_regclass('{}')",
         dump=_jsonb,

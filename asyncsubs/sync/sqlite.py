@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._sqlite import DEFAULT_BUSY_TIMEOUT, connect_sqlite
+from .._versions import older
 from ..json import dumps, loads
 from ..webhooks import Inbox, SQLiteDeadLetters, SQLiteInbox
 from ._sink import (
+    OLDER,
     STATE_TABLE,
     DatabaseConfigError,
     DatabaseError,
@@ -69,7 +71,6 @@ def _load(value: str | None) -> Any:
 _SQL: Final = Statements(
     Dialect(
         param=":{}",
-        instant="julianday({})",
         now="strftime('%Y-%m-%dT%H:%M:%SZ', 'now')",
         has_table="SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{}'",
         dump=_dump,
@@ -196,6 +197,7 @@ class SQLiteSink(SQLSink):
         # committed together.
         conn = connect_sqlite(self.path, busy_timeout=self.busy_timeout)
         try:
+            conn.create_function(OLDER, 2, older, deterministic=True)  # the upserts' rule
             with _transaction(conn):
                 for statement in _SCHEMA:
                     conn.execute(statement)

@@ -170,8 +170,9 @@ def supersedes(
 ) -> bool:
     """Whether ``incoming`` should replace ``current`` (a stored copy of the same record).
 
-    True unless ``incoming``'s ``field`` is older than ``current``'s (timestamps as instants,
-    numbers as numbers): webhooks may arrive late or out of order, and an older version must
+    True unless ``incoming``'s ``field`` is older than ``current``'s (numbers as numbers,
+    timestamps as instants, other text as text: ``asyncsubs._versions``): webhooks may arrive
+    late or out of order, and an older version must
     not overwrite a newer one. Equal stamps replace (second precision cannot order them; the
     next incremental pull, which is inclusive, settles it), as do stamps that do not compare.
     """
