@@ -43,7 +43,7 @@ from asyncsubs.stores import (
     load_config,
     parse_rate,
 )
-from asyncsubs.sync import PageWrite, SyncEngine, run_round, sink_for
+from asyncsubs.sync import DatabaseUnavailable, PageWrite, SyncEngine, run_round, sink_for
 from asyncsubs.sync.sqlite import SQLiteSink, hold_database
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, serve_in_thread
 
@@ -698,6 +698,32 @@ def test_a_db_that_is_a_device_fails_before_anything_is_created(
         for path, existed in zip(made, before, strict=True):
             if not existed:
                 path.unlink(missing_ok=True)
+
+
+async def test_writes_queued_behind_one_that_waited_out_a_lock_fail_with_it(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the write lock: the write ahead waits the busy timeout and
+    fails, and those queued behind it meanwhile fail with it instead of waiting as long again
+    each (a sync of many units would be silent, and deaf to SIGTERM, for units x timeout)."""
+    db = tmp_path / "subs.db"
+    sink = SQLiteSink(db, busy_timeout=0.3)
+    await sink.open()
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        writes = (sink.upsert_record("s", "orders", {"id": i}) for i in range(5))
+        failures = await asyncio.gather(*writes, return_exceptions=True)
+        holder.execute("ROLLBACK")
+        assert all(isinstance(f, DatabaseUnavailable) for f in failures), failures
+        ahead = [f for f in failures if "a write ahead of this one waited 0.3s" not in str(f)]
+        assert len(ahead) == 1, failures
+        # A write queued once the lock is gone waits its own busy timeout, and goes through.
+        assert await sink.upsert_record("s", "orders", {"id": 9})
+        assert await sink.count("s", "orders") == 1
+    finally:
+        holder.close()
+        await sink.aclose()
 
 
 def test_the_lock_file_goes_with_its_holder_and_never_locks_a_removed_file(

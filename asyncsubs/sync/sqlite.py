@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import math
 import os
 import socket
 import sqlite3
@@ -162,6 +162,7 @@ class SQLiteSink(SQLSink):
         # One thread runs every call in order: a write queued behind another runs after it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self._locked_at = -math.inf  # when a call last failed on another connection's lock
         self._webhook_stores: tuple[SQLiteInbox, SQLiteDeadLetters] | None = None
 
     def __repr__(self) -> str:
@@ -172,8 +173,27 @@ class SQLiteSink(SQLSink):
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
+        queued = time.monotonic()
+
+        def call() -> T:
+            # A call queued while the one ahead of it waited out another connection's lock
+            # would wait as long again for the same lock: it fails with it. Each unit's write
+            # waiting its own busy timeout in turn kept a sync silent, and deaf to SIGTERM, for
+            # (units x busy timeout).
+            if queued < self._locked_at:
+                raise DatabaseUnavailable(
+                    f"database {self.path}: database is locked (a write ahead of this one "
+                    f"waited {self.busy_timeout:g}s for it)"
+                )
+            try:
+                return fn(*args)
+            except sqlite3.Error as exc:
+                if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY:
+                    self._locked_at = time.monotonic()
+                raise
+
         try:
-            return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
+            return await loop.run_in_executor(self._thread, call)
         except sqlite3.Error as exc:
             # Busy or locked (extended codes too): another connection's lock, not this write.
             busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY
