@@ -549,6 +549,10 @@ limits = { global = "fast", heavy = { subscription = "3/s", orders = "0/s" }, ma
 base_url = "http://127.0.0.1:notaport"
 token_env = "A_TOKEN"
 limits = { global = { per = 2.0 } }
+
+[stores.".."]
+base_url = "https://up.example"
+token_env = "A_TOKEN"
 """,
         encoding="utf-8",
     )
@@ -571,6 +575,7 @@ limits = { global = { per = 2.0 } }
         "stores.\"c d\".limits.global: a rate table has exactly the keys n and per, got ['per']",
         'stores."c d".base_url: base_url is not a valid URL (check the port, 1-65535, and any '
         "[IPv6] brackets): got 'http://127.0.0.1:notaport'",
+        'stores."..": a store id must not be . or ..',
     )
     # Never the library's internal names.
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))

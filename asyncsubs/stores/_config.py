@@ -627,6 +627,8 @@ def _load(
             problems.append(_at(where, "must be a table"))
         elif not store_id.strip():
             problems.append(_at(where, "a store id must not be blank"))
+        elif store_id in (".", ".."):  # a webhook URL's segment that clients resolve away
+            problems.append(_at(where, "a store id must not be . or .."))
         else:
             reader = _StoreReader(store_id, table, defaults, env, problems, table_class)
             config = reader.store(listen_as)
