@@ -23,10 +23,12 @@ __all__ = ["INSTANT_PATTERN", "NUMBER_PATTERN", "newer", "older", "older_sql"]
 
 #: A number as JSON writes one, or as a string of digits.
 NUMBER_PATTERN: Final = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
-#: An instant: a date, then maybe a time to the minute, second or microsecond, then maybe a zone.
+#: An instant: a date, then maybe a time to the minute, second or microsecond and its zone;
+#: what both Python and PostgreSQL read alike (not hour 24, a leap second or an offset beyond
+#: 15:59, which one of them refuses).
 INSTANT_PATTERN: Final = (
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?"
-    r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?"
+    r"(Z|[+-](0[0-9]|1[0-5])(:?[0-5][0-9])?)?)?"
 )
 _NUMBER: Final = re.compile(NUMBER_PATTERN)
 _INSTANT: Final = re.compile(INSTANT_PATTERN)
