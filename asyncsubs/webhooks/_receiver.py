@@ -48,10 +48,12 @@ class ReceiverStats:
     inbox not writable, or closing), disconnected (the client went away mid-body) or errors
     (unexpected, answered 500). ``refusals`` splits unauthorized and bad_request by reason: a
     ``Refusal`` value (``"bad_signature"``, ``"wrong_store"``, ...) -> deliveries refused for
-    it; ``refused`` is their sum. ``resumed`` counts events queued from the inbox on start or
-    requeued from the dead letters; ``unsaved`` dead letters kept only in memory because the
-    dead-letter store failed (lost if the process ends). Accepted or resumed, and neither
-    handled nor dead-lettered: still to do (kept in the inbox, if there is one)."""
+    it; ``refused`` is their sum (a body that could not be read, bad_request too, is not
+    checked for a signature, so it has no such reason). ``resumed`` counts events queued from
+    the inbox on start or requeued from the dead letters; ``unsaved`` dead letters kept only in
+    memory because the dead-letter store failed (lost if the process ends). Accepted or
+    resumed, and neither handled nor dead-lettered: still to do (kept in the inbox, if there is
+    one)."""
 
     received: int = 0
     accepted: int = 0
