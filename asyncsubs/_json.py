@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "may_hold_a_long_integer"]
 
 _DECODER: Final = msgspec.json.Decoder()
 #: Maps every ASCII digit to "0", so that one ``in`` finds a run of 19 digits: the shortest that
@@ -36,9 +36,15 @@ def loads(body: bytes | str) -> Any:
         orjson.loads(body)  # raises JSONDecodeError (a ValueError) saying where and why
         raise  # orjson read what msgspec refused (an integer of 4,300 digits): refused still
     encoded = body.encode() if isinstance(body, str) else body
-    if _LONG_DIGITS in encoded.translate(_DIGITS_TO_ZERO):  # orjson would round such an integer
+    if may_hold_a_long_integer(encoded):  # orjson would round such an integer
         raise ValueError("JSON nested too deeply") from None
     return orjson.loads(encoded)
+
+
+def may_hold_a_long_integer(encoded: bytes) -> bool:
+    """Whether JSON ``encoded`` may hold an integer beyond 64 bits signed: a run of 19 digits
+    (in a string too: then it holds none, and the answer costs a closer look only)."""
+    return _LONG_DIGITS in encoded.translate(_DIGITS_TO_ZERO)
 
 
 def dumps(value: Any) -> bytes:

@@ -252,8 +252,10 @@ def check_token(token: object) -> str:
 
     Messages never echo the token.
     """
-    if not isinstance(token, str) or not token:
+    if token is None or token == "":
         raise ConfigError("token is required (or set ASYNCSUBS_TOKEN)")
+    if not isinstance(token, str):
+        raise ConfigError(f"token must be a string, got a {type(token).__name__} (not shown)")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
         raise ConfigError("token contains control characters (CR/LF?); check how it was loaded")
     if token != token.strip():

@@ -12,6 +12,7 @@ import datetime
 import gc
 import itertools
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 import dlt
 import duckdb
+import orjson
 import pytest
 import redis.asyncio as aioredis
 from dlt.pipeline.exceptions import PipelineStepFailed
@@ -694,3 +696,92 @@ def test_store_tables_read_as_stores_toml_reads_them_problems_by_key() -> None:
     assert store.limits == Limits(max_in_flight=4, discover=True)  # the pools not given discover
     (store,) = stores_from_tables({"d": {"base_url": "https://d.example", "token": secret}})
     assert store.limits is None  # every pool discovers, other list paths' included
+
+
+# --- what a server could send, and the rows it must give ------------------------------------
+
+
+def one_page(*records: dict[str, Any]) -> dict[str, Any]:
+    """A list answer of ``records``, the last page."""
+    return {"success": True, "data": list(records), "pageInfo": {"hasNextPage": False}}
+
+
+async def test_stores_stamping_in_their_own_offsets_share_one_mark(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    """Compared as text, "09:00:00-05:00" (14:00Z) would be older than a mark of "12:00:00Z":
+    the change would be dropped, in this run and every later one."""
+    stores = stores_of(server)[:2]
+    a, b = (s.name for s in stores)
+    source = {"stores": stores, "resources": ["orders"], "incremental": INCREMENTAL}
+    server.enqueue(200, one_page({"id": 1, "updatedAt": "2026-01-02T12:00:00Z"}), store=a)
+    old = {"id": 1, "updatedAt": "2026-01-02T06:00:00-05:00", "v": "old"}
+    server.enqueue(200, one_page(old), store=b)
+    await run(pipeline, subscription_service(**source))
+    server.enqueue(200, one_page(), store=a)
+    new = {"id": 1, "updatedAt": "2026-01-02T09:00:00-05:00", "v": "new"}
+    server.enqueue(200, one_page(new), store=b)
+    await run(pipeline, subscription_service(**source))
+    assert query(pipeline, f"SELECT v FROM subs.orders WHERE store = '{b}'") == [("new",)]
+    state = pipeline.state["sources"]["subscription_service"]["resources"]["orders"]
+    assert state["incremental"]["updatedAt"]["last_value"] == new["updatedAt"]
+    # The second run asked both stores from the first run's mark, less the lag.
+    asked = {r.query.get("updatedAtMin") for r in list_requests(server)[-2:]}
+    assert asked == {"2026-01-02T11:00:00Z"}
+
+
+async def test_a_store_left_out_of_a_run_is_pulled_whole_when_it_is_back(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    """What changed while it was out is older than the mark the others moved meanwhile."""
+    first, second, _ = stores_of(server)
+    options = {"resources": ["orders"], "incremental": INCREMENTAL}
+    await run(pipeline, subscription_service(stores=[first, second], **options))
+    await run(pipeline, subscription_service(stores=[first], **options))
+    server.clear_requests()
+    await run(pipeline, subscription_service(stores=[first, second], **options))
+    asked = {r.store: r.query.get("updatedAtMin") for r in list_requests(server)}
+    assert asked[first.name] is not None
+    assert asked[second.name] is None
+
+
+async def test_a_records_own_fields_never_overwrite_its_key(
+    server: FakeAdminServer, pipeline: dlt.Pipeline
+) -> None:
+    """dlt names ``ID`` and ``Store`` as the key's columns; integers from 2**63 fit no bigint."""
+    name = stores_of(server)[0].name
+    records = (
+        {"id": 1, "ID": 2, "Store": "legacy", "amount": 2**63 + 5},
+        {"id": 2, "amount": 2**64 - 1},
+    )
+    server.enqueue(200, one_page(*records), store=name)
+    await run(pipeline, subscription_service(stores=stores_of(server)[:1], resources=["orders"]))
+    rows = query(
+        pipeline, "SELECT store, id, record_id, record_store, amount FROM subs.orders ORDER BY id"
+    )
+    assert rows == [(name, "1", 2, "legacy", 2**63 + 5), (name, "2", None, None, 2**64 - 1)]
+
+
+@pytest.mark.parametrize("odd", [{"a": 1}, [1], True, None])
+async def test_a_record_whose_id_is_no_key_fails_at_the_extract(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, odd: Any
+) -> None:
+    name = stores_of(server)[0].name
+    server.enqueue(200, one_page({"id": odd}), store=name)
+    source = subscription_service(stores=stores_of(server)[:1], resources=["orders"])
+    with pytest.raises(PipelineStepFailed) as info:
+        await run(pipeline, source)
+    assert "without an 'id' (a string or a number)" in str(info.value.__cause__)
+
+
+def test_stores_from_the_environment_are_a_json_object_and_never_shown() -> None:
+    table = {"acme": {"base_url": "https://acme.example", "token": "tok-SECRET-1"}}
+    source = subscription_service(stores=orjson.dumps(table).decode())
+    assert set(source.resources) == set(RESOURCES)
+    for bad in ('{"acme": tok-SECRET-1}', "tok-SECRET-1"):
+        with pytest.raises(ConfigError) as info:
+            subscription_service(stores=bad)
+        assert "SECRET" not in str(info.value)
+    for lag in (math.nan, math.inf, 1e11, -1):
+        with pytest.raises(ConfigError, match="lag must be a number of seconds"):
+            subscription_service(stores=orjson.dumps(table).decode(), lag=lag)

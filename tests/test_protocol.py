@@ -84,6 +84,14 @@ def test_bad_tokens_rejected_without_echo(token: object) -> None:
         assert token.strip() not in str(info.value)
 
 
+@pytest.mark.parametrize("token", [12345678901234567890, ["SecRet9"], {"SecRet9": 1}])
+def test_a_token_of_another_type_is_said_so_not_missing(token: object) -> None:
+    with pytest.raises(errors.ConfigError, match="token must be a string, got a") as info:
+        check_token(token)
+    assert "SecRet9" not in str(info.value)
+    assert "1234567890" not in str(info.value)
+
+
 _PATH_CHARS = string.ascii_letters + string.digits + "-._~:@!$&'()*+,;=%/ é?#"
 
 

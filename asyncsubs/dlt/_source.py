@@ -19,9 +19,11 @@ from typing import Any, Final
 import dlt
 from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
-from dlt.extract.incremental import Incremental
+from dlt.extract.incremental.lag import apply_lag
 
+from .. import _json
 from .._client import store_fingerprint
+from .._versions import older
 from ..errors import ConfigError, ProtocolError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..stores import (
@@ -46,9 +48,17 @@ log = logging.getLogger("asyncsubs.dlt")
 #: Seconds an incremental run reaches back before the high-water mark: as long as a run lasts
 #: (an hour: a few million records at the heavy pools' usual rates; docs/dlt.md, "The lag").
 DEFAULT_LAG: Final = 3600.0
+#: The longest lag: a mark less more than this may fall before the calendar's first year.
+_MAX_LAG: Final = 100 * 365 * 86_400
 #: Load through parquet (written by pyarrow, in the ``dlt`` extra) where the destination takes
 #: it: into DuckDB, many times faster and at a fraction of the memory (docs/dlt.md, "Parquet").
 _PARQUET: Final = importlib.util.find_spec("pyarrow") is not None
+
+
+def _is_id(value: object) -> bool:
+    """An id the key column takes as text: a string or a number (not an object, a list, a
+    boolean or null, which dlt would load as columns of their own, or no id at all)."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def _resource(
@@ -62,23 +72,14 @@ def _resource(
     """The resource of one list endpoint: every store that serves it, pulled at once."""
     name = path.strip("/").replace("/", "_")
     stores = [s for s in clients.stores if s.pulls(path)]
-    # dlt binds an incremental given as an argument's default (None: none). No boundary
-    # de-duplication (primary_key=()): it would drop a record changed again within the mark's
-    # instant as already seen; the merge on (store, id) keeps the newest instead.
-    default: Incremental[Any] | None = None
-    if incremental is not None:
-        default = dlt.sources.incremental(
-            incremental.field, lag=lag, primary_key=(), on_cursor_value_missing="include"
-        )
+    field = None if incremental is None else incremental.field
 
-    async def pull(
-        updated: Incremental[Any] | None = default,
-    ) -> AsyncIterator[list[dict[str, Any]]]:
+    async def pull() -> AsyncIterator[list[dict[str, Any]]]:
         # On dlt's extract loop: an async resource names itself to read its state.
         state = dlt.current.resource_state(name)
         learned = dlt.current.source_state().setdefault("learned", {})
         started = time.monotonic()
-        served = Served(None if incremental is None else incremental.field)
+        served = Served(field)
         seq = int(state.get("deletes_seq", 0))
         found = [] if deletes is None else await asyncio.to_thread(deletes.since, seq, path)
         if found:
@@ -86,16 +87,18 @@ def _resource(
             served.number(gone)
             yield gone
         drop = {(d.store, str(d.id)) for d in found}
-        start = None if updated is None else updated.start_value
-        if isinstance(start, datetime.datetime | datetime.date):  # a datetime initial_value
-            start = start.isoformat()
+        # The high-water mark where dlt's own incremental keeps it (so a pipeline that ran
+        # with it goes on), kept by the one rule of newer (``_versions``): dlt's compares the
+        # stamps as sent, so "09:00:00-05:00" would count as older than "11:00:00Z".
+        mark = None if field is None else state.get("incremental", {}).get(field, {})
+        mark = None if mark is None else mark.get("last_value")
+        start = None if mark is None else _lagged(mark, lag)
+        # A store the resource did not pull last run needs its history (all of it, or what
+        # changed while it was left out), which the mark would leave out.
         known = set(state.get("stores", ()))
         fresh = [s.name for s in stores if s.name not in known]
-        if updated is not None and start is not None and fresh:
-            # A store the resource never pulled needs its whole history, which the mark would
-            # filter out: this run passes pages unfiltered and leaves the mark where it was.
-            log.info("%s: stores %s pulled in full (new to this pipeline)", name, fresh)
-            updated.advance(None)
+        if start is not None and fresh:
+            log.info("%s: stores %s pulled in full (not in its last run)", name, fresh)
         since = {} if incremental is None or start is None else {incremental.param: start}
         run = await clients.enter(learned)
         pages = {}
@@ -106,10 +109,10 @@ def _resource(
         pulls = Pulls(run, pages)
         try:
             async for store_name, page in pulls:
-                if any(not isinstance(r, dict) or r.get("id") is None for r in page.data):
+                if not all(isinstance(r, dict) and _is_id(r.get("id")) for r in page.data):
                     raise ProtocolError(
-                        f"GET {path}: store {store_name}: a record without an 'id' cannot be "
-                        "merged on (store, id)",
+                        f"GET {path}: store {store_name}: a record without an 'id' (a string "
+                        "or a number) cannot be merged on (store, id)",
                         method="GET",
                         path=path,
                     )
@@ -131,8 +134,13 @@ def _resource(
         await clients.leave(run)
         # Every store pulled to its last page. Written only now, and committed by dlt only with
         # the load: a failed run changes none.
-        if updated is not None:
-            state["stores"] = sorted(known | {s.name for s in stores})
+        if field is not None:
+            if served.newest is not None and (mark is None or older(mark, served.newest)):
+                marks = state.setdefault("incremental", {})
+                marks[field] = {**marks.get(field, {}), "last_value": served.newest}
+            # This run's stores only: one left out of a run missed its changes, which are older
+            # than the mark by the time it comes back, and is pulled whole then.
+            state["stores"] = sorted(s.name for s in stores)
         if found:
             state["deletes_seq"] = found[-1].seq
         if served.dropped:
@@ -171,6 +179,18 @@ def _resource(
     return dlt.resource(pull, **hints)
 
 
+def _lagged(mark: Any, lag: float) -> Any:
+    """The filter's value for a run: ``mark`` less ``lag``, in seconds for a timestamp (in the
+    mark's own format, as dlt writes it), in the field's units for a number; text as it is."""
+    try:
+        start = apply_lag(lag, None, mark, max) if lag else mark
+    except (ValueError, TypeError):  # text that is not a timestamp: no lag to take
+        return mark
+    if isinstance(start, datetime.datetime | datetime.date):  # a shape dlt does not write back
+        return start.isoformat()
+    return start
+
+
 def _stores(
     stores: object, base_url: str | None, token: str | None, store: str | None, path: str | None
 ) -> list[Store]:
@@ -196,6 +216,14 @@ def _stores(
         # Unnamed, the store is called as a client calls it (a fingerprint of URL and token).
         name = store or store_fingerprint(versioned_base(base_url, DEFAULT_VERSION), token)
         return [Store(name=name, base_url=base_url, token=token)]
+    if isinstance(stores, str):  # a table as JSON, as dlt takes one from an environment variable
+        try:
+            stores = _json.loads(stores)
+        except ValueError:
+            raise ConfigError(
+                "stores given as text must be a JSON object of store tables (not shown: it "
+                "holds tokens)"
+            ) from None
     if isinstance(stores, Store):
         stores = [stores]
     if isinstance(stores, Mapping):
@@ -206,8 +234,10 @@ def _stores(
         found = list(stores)
         if not all(isinstance(s, Store) for s in found):
             raise ConfigError("stores must be Store objects or a table of store tables")
-    else:
-        raise ConfigError(f"stores must be Store objects or a table of tables, got {stores!r}")
+    else:  # never the value: it may hold tokens
+        raise ConfigError(
+            f"stores must be Store objects or a table of tables, got a {type(stores).__name__}"
+        )
     if not found:
         raise ConfigError("stores is empty")
     if len({s.name for s in found}) != len(found):
@@ -269,8 +299,10 @@ def subscription_service(
             f"unknown resources {unknown} (known: {', '.join(RESOURCES)}; name other list "
             "endpoints in list_paths)"
         )
-    if isinstance(lag, bool) or not isinstance(lag, int | float) or lag < 0:
-        raise ConfigError(f"lag must be a number of seconds >= 0, got {lag!r}")
+    if isinstance(lag, bool) or not isinstance(lag, int | float) or not 0 <= lag <= _MAX_LAG:
+        raise ConfigError(
+            f"lag must be a number of seconds from 0 to {_MAX_LAG:.0f} (a century), got {lag!r}"
+        )
     # One filter per resource (dlt keeps one high-water mark per resource): the argument's,
     # else the stores' own, which must then agree.
     given = incremental_filters(incremental, "incremental")
