@@ -104,14 +104,25 @@ def _shown_forms(secret: str) -> list[str]:
 
 
 def redacted(text: str, secret: str) -> str:
-    """``text`` with every form of ``secret`` in it put as ``***``; a text that still shows a
-    piece of it (an excerpt that cut it) is not shown at all."""
+    """``text`` with every form of ``secret`` in it put as ``***``, and every piece of it as long
+    as ``_TOKEN_PIECE`` or longer (an excerpt that cut it, a server echoing its start)."""
     for form in _shown_forms(secret):
         text = text.replace(form, "***")
     piece = min(_TOKEN_PIECE, len(secret))
-    if any(secret[i : i + piece] in text for i in range(len(secret) - piece + 1)):
-        return "(a text holding part of the client's token, not shown)"
-    return text
+    covered = bytearray(len(text))  # the characters that are part of such a piece
+    for i in range(len(secret) - piece + 1):
+        at = text.find(secret[i : i + piece])
+        while at != -1:
+            covered[at : at + piece] = b"\x01" * piece
+            at = text.find(secret[i : i + piece], at + 1)
+    if not any(covered):
+        return text
+    runs = re.finditer(rb"\x01+", covered)
+    kept, start = [], 0
+    for run in runs:
+        kept += [text[start : run.start()], "***"]
+        start = run.end()
+    return "".join([*kept, text[start:]])
 
 
 def without_secret(raw: RawResponse, secret: str) -> RawResponse | None:
@@ -128,8 +139,10 @@ def without_secret(raw: RawResponse, secret: str) -> RawResponse | None:
     in_json = _json.dumps(secret)[1:-1]
     if in_json in canonical:
         body = canonical.replace(in_json, b"***")
-    for form in _shown_forms(secret):
-        body = body.replace(form.encode(), b"***")
+    # Bytes that are not UTF-8 kept as they are, through the surrogates that stand for them.
+    body = redacted(body.decode("utf-8", "surrogateescape"), secret).encode(
+        "utf-8", "surrogateescape"
+    )
     headers = {name: redacted(value, secret) for name, value in raw.headers.items()}
     if body == raw.body and headers == raw.headers:
         return None
@@ -226,6 +239,17 @@ def versioned_base(
         )
     if not host.isprintable() or " " in host:
         raise ConfigError(f"base_url's host has spaces or control characters: {shown_url(url)}")
+    try:
+        # As the resolver will: a label empty ("a..b") or over 63 characters does not encode.
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            raise ConfigError(
+                "base_url's host is not a host name (an empty label, as in a..b, or one over "
+                f"63 characters?): got {shown_url(url)}"
+            ) from None
     if parts.query or parts.fragment or parts.username or parts.password:
         raise ConfigError("base_url must not carry a query, fragment or credentials")
     if re.search(r"/admin(/[^/]*)?/?$", parts.path):

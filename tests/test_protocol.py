@@ -60,6 +60,25 @@ def test_bad_base_urls(url: str) -> None:
         versioned_base(url, "2026-04")
 
 
+@pytest.mark.parametrize("host", ["acme..subs.example", "a" * 64 + ".example", ".example"])
+def test_a_host_the_resolver_cannot_encode_is_a_config_error(host: str) -> None:
+    """Else the resolver's UnicodeError escapes the transport at the first request."""
+    with pytest.raises(errors.ConfigError, match="not a host name"):
+        versioned_base(f"https://{host}", "2026-04")
+    assert versioned_base("https://bücher.example", "2026-04")  # IDNA encodes it
+
+
+def test_a_server_echoing_part_of_the_token_shows_none_of_it() -> None:
+    """A server echoing the token's first characters, cut off: each piece of eight or more."""
+    token = "fake_35b7a2103748bab7be506dd28cf5ef11"
+    body = b'{"message": "invalid token fake_35b7a2103748bab...", "at": "\xff"}'
+    clean = without_secret(raw(401, body), token)
+    assert clean is not None
+    assert b"35b7a210" not in clean.body
+    assert b"invalid token ***..." in clean.body
+    assert redacted(f"{token[:5]} and {token[20:]}", token) == "fake_ and ***"
+
+
 def test_plain_http_refused_unless_loopback_or_opted_in() -> None:
     with pytest.raises(errors.ConfigError, match="unencrypted"):
         versioned_base("http://shop.example.com", "2026-04")
