@@ -71,6 +71,13 @@ def _count(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
+def _size(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
 def _label(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is None and attribute.default is None:
         return
@@ -96,10 +103,10 @@ class Learned:
     refused: float | None = attrs.field(default=None, validator=_rate)
     strikes: int = attrs.field(default=0, validator=_count)
     hold: float = attrs.field(default=0.0, validator=_rate, eq=False)
-    page_size: int | None = attrs.field(default=None, validator=_count)
+    page_size: int | None = attrs.field(default=None, validator=_size)
     page_by: str | None = attrs.field(default=None, validator=_label)
     page_accepted: int = attrs.field(default=0, validator=_count)
-    page_refused: int | None = attrs.field(default=None, validator=_count)
+    page_refused: int | None = attrs.field(default=None, validator=_size)
     age: float = attrs.field(default=0.0, validator=_rate, eq=False)
 
     def expired(self) -> bool:

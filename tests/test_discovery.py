@@ -386,6 +386,8 @@ def test_an_import_of_another_store_or_a_damaged_one_is_a_config_error() -> None
         ({**good, "base_url": "https://other.example/admin/2026-04/"}, "another"),
         ({**good, "format": "v0"}, "export_learned"),
         ({**good, "pools": {"orders": {"rate": -1}}}, r"pools\['orders'\]: rate must be"),
+        # A page of no records: every pull of the path would ask for it, and be refused.
+        ({**good, "pools": {"orders": {"page_size": 0}}}, "page_size must be an int >= 1"),
         ({**good, "pools": {"orders": {"rate": 5, "bogus": 1}}}, "unknown fields"),
         ({**good, "pools": {"orders": {"learned_at": "yesterday"}}}, "Unix times"),
         ([1, 2], "export_learned"),
