@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -45,6 +45,11 @@ def positive_int(name: str, value: Any) -> int:
     return value
 
 
+#: The most starts a Rate's window may hold: far above any server's, and what the pacing's
+#: per-window state is sized by.
+MAX_STARTS: Final = 1_000_000
+
+
 @attrs.frozen
 class Rate:
     """At most ``n`` request starts in any window of ``per`` seconds, paced evenly.
@@ -57,7 +62,8 @@ class Rate:
     per: float = 1.0
 
     def __attrs_post_init__(self) -> None:
-        positive_int("Rate.n", self.n)
+        if positive_int("Rate.n", self.n) > MAX_STARTS:
+            raise ConfigError(f"Rate.n must be at most {MAX_STARTS:,}, got {self.n!r}")
         object.__setattr__(self, "per", positive_number("Rate.per", self.per))
 
     @property

@@ -36,6 +36,7 @@ from asyncsubs._learned import SYNC_EVERY
 from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
+from asyncsubs.stores import parse_rate
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, ServerRateLimits
 from asyncsubs.testing._limits import StoreWindows, Window
 
@@ -124,6 +125,9 @@ def test_discovery_is_one_keyword_away_and_fixed_rates_keep_their_meaning() -> N
         (lambda: Limits(global_rate=Rate.discover()), "global_rate must be a Rate"),  # type: ignore[arg-type]
         (lambda: Limits(heavy={ORDERS: 5}), "must be a Rate or Rate.discover"),  # type: ignore[dict-item]
         (lambda: Limits(discover="yes"), "discover must be a bool"),  # type: ignore[arg-type]
+        # Beyond any server; it would overflow the pacing's per-window state.
+        (lambda: Rate(10**30), "Rate.n must be at most 1,000,000"),
+        (lambda: parse_rate(f"{10**400}/s"), "from 1 to 1,000,000"),
     ],
 )
 def test_bad_discovery_config_is_a_config_error(call: Any, match: str) -> None:

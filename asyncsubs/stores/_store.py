@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from .. import Limits, Rate, RetryPolicy
+from .._config import MAX_STARTS
 from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..webhooks import WebhookConfig
@@ -64,8 +65,12 @@ def parse_rate(value: object) -> Rate:
     try:
         return Rate(n, per=per)  # type: ignore[arg-type]
     except ConfigError:  # Rate's own checks, said in the file's terms
-        good_n = isinstance(n, int) and not isinstance(n, bool) and n > 0  # Rate checks n first
-        what = "a period of seconds > 0" if good_n else "a whole number of requests >= 1"
+        good_n = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_STARTS
+        what = (
+            "a period of seconds > 0"  # Rate checks n first
+            if good_n
+            else f"a whole number of requests from 1 to {MAX_STARTS:,}"
+        )
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
 
 
