@@ -197,6 +197,60 @@ def test_pull_into_a_directory_that_does_not_exist_says_so(
     assert f"cannot write {out}: no such directory" in capsys.readouterr().err
 
 
+def test_pull_to_a_file_it_could_not_resume_is_a_usage_error_before_any_request(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any
+) -> None:
+    """A pipe cannot be cut back to whole pages, a checkpoint needs its directory, and a file
+    needs a name: each fails before a request, not after the first page, and not with FILE
+    truncated."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that opening it to write returns
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    kept = readonly / "out.jsonl"
+    kept.write_text("kept\n")
+    readonly.chmod(0o555)
+    try:
+        cases = [
+            (fifo, "cannot seek"),
+            (kept, "out.jsonl.asyncsubs-checkpoint: Permission denied"),
+            (Path("."), "not a file name"),
+        ]
+        for out, said in cases:
+            if out is kept and os.access(readonly, os.W_OK):
+                continue  # root with CAP_DAC_OVERRIDE writes anyway
+            assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 2, out
+            assert said in capsys.readouterr().err
+    finally:
+        readonly.chmod(0o755)
+        os.close(reader)
+    assert kept.read_text() == "kept\n"
+    assert not [r for r in server.requests if r.path.endswith("/orders")]
+
+
+@pytest.mark.parametrize("damage", [{"offset": "12"}, {"offset": -5}, {"cursor": 7}])
+def test_a_damaged_checkpoint_is_said_so(
+    server: FakeAdminServer, tmp_path: Path, capsys: Any, damage: dict[str, Any]
+) -> None:
+    out = tmp_path / "orders.jsonl"
+    assert main(pull_args(server, "orders", "-o", str(out), "-q", "--limit", "5")) == 0
+    checkpoint = PullCheckpoint.path_for(out)
+    saved = {
+        "resource": "orders",
+        "base_url": server.base_url,
+        "credentials": "x",
+        "after_cursor": None,
+        "cursor": "c",
+        "offset": 0,
+        "records": 0,
+        "pages": 0,
+    }
+    checkpoint.write_bytes(orjson.dumps({**saved, **damage}))
+    assert main(pull_args(server, "orders", "-o", str(out), "-q")) == 2
+    assert "is not a pull checkpoint; remove it or pass --restart" in capsys.readouterr().err
+
+
 def test_pull_after_a_cursor_to_a_file_resumes_by_rerunning_it_too(
     server: FakeAdminServer, tmp_path: Path, capsys: Any
 ) -> None:

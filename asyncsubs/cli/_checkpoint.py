@@ -21,6 +21,9 @@ from ..json import dumps, loads
 __all__ = ["CHECKPOINT_SUFFIX", "PullCheckpoint", "open_output"]
 
 CHECKPOINT_SUFFIX: Final = ".asyncsubs-checkpoint"
+#: A checkpoint's fields, as a damaged or hand-edited file may not hold them.
+_TEXT: Final = attrs.validators.instance_of(str)
+_COUNT: Final = attrs.validators.and_(attrs.validators.instance_of(int), attrs.validators.ge(0))
 
 
 @attrs.frozen
@@ -30,15 +33,17 @@ class PullCheckpoint:
     one-way fingerprint of base URL and token: the token chooses the store), ``after_cursor``
     and ``params`` (``--after-cursor``, ``--param``) say which pull it belongs to."""
 
-    resource: str
-    base_url: str
-    credentials: str
-    after_cursor: str | None
-    cursor: str
-    offset: int
-    records: int
-    pages: int
-    params: Mapping[str, str] = attrs.field(factory=dict)
+    resource: str = attrs.field(validator=_TEXT)
+    base_url: str = attrs.field(validator=_TEXT)
+    credentials: str = attrs.field(validator=_TEXT)
+    after_cursor: str | None = attrs.field(validator=attrs.validators.optional(_TEXT))
+    cursor: str = attrs.field(validator=_TEXT)
+    offset: int = attrs.field(validator=_COUNT)
+    records: int = attrs.field(validator=_COUNT)
+    pages: int = attrs.field(validator=_COUNT)
+    params: Mapping[str, str] = attrs.field(
+        factory=dict, validator=attrs.validators.deep_mapping(_TEXT, _TEXT)
+    )
 
     @staticmethod
     def path_for(output: Path) -> Path:
@@ -91,14 +96,28 @@ def open_output(
 ) -> tuple[IO[bytes], PullCheckpoint | None]:
     """FILE opened to write at the end of its checkpointed prefix, when it has a checkpoint of
     the pull ``pull`` identifies (a rerun continues), or from the start (none, or ``restart``)."""
+    if not output.name:  # "", ".", "/": no file, and no name for a checkpoint beside it
+        raise ConfigError(f"cannot write {str(output)!r}: not a file name")
     saved = None if restart else PullCheckpoint.load(output)
     if saved is not None:
         _check_belongs(output, saved, pull)
+    # The checkpoint is written after each page: a directory that cannot take it fails the
+    # pull here, before FILE is truncated, not after its first page.
+    probe = PullCheckpoint.path_for(output).with_name(output.name + CHECKPOINT_SUFFIX + ".tmp")
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileNotFoundError:
+        pass  # no such directory: said below, as for FILE
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write {probe.with_suffix('')}: {exc.strerror} (-o keeps a checkpoint "
+            "beside FILE, to resume; write to stdout without -o instead)"
+        ) from None
     try:
         if saved is None:
             PullCheckpoint.remove(output)
-            return open(output, "wb"), None
-        out = open(output, "r+b")  # noqa: SIM115 - the pull closes it
+        out = open(output, "wb" if saved is None else "r+b")  # noqa: SIM115 - the pull closes it
     except FileNotFoundError as exc:
         if saved is not None:
             raise ConfigError(
@@ -108,6 +127,14 @@ def open_output(
         raise ConfigError(f"cannot write {output}: {why}") from None
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
+    if not out.seekable():  # a pipe or a terminal: a rerun could not cut it back to whole pages
+        out.close()
+        raise ConfigError(
+            f"cannot write {output}: -o needs a file a rerun can resume (this one cannot seek); "
+            "write to stdout without -o instead"
+        )
+    if saved is None:
+        return out, None
     size = out.seek(0, os.SEEK_END)
     if size < saved.offset:
         out.close()
