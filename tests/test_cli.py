@@ -211,6 +211,7 @@ def test_pull_to_a_file_it_could_not_resume_is_a_usage_error_before_any_request(
     kept = readonly / "out.jsonl"
     kept.write_text("kept\n")
     readonly.chmod(0o555)
+    before = len(server.requests)
     try:
         cases = [
             (fifo, "cannot seek"),
@@ -226,7 +227,7 @@ def test_pull_to_a_file_it_could_not_resume_is_a_usage_error_before_any_request(
         readonly.chmod(0o755)
         os.close(reader)
     assert kept.read_text() == "kept\n"
-    assert not [r for r in server.requests if r.path.endswith("/orders")]
+    assert len(server.requests) == before
 
 
 @pytest.mark.parametrize("damage", [{"offset": "12"}, {"offset": -5}, {"cursor": 7}])
@@ -468,6 +469,13 @@ def test_debug_shows_the_traceback(capsys: Any) -> None:
             ["sync", "--config", "missing.toml", "--db", "sqlite://rel.db"],
             "three slashes before a relative path (sqlite:///rel.db)",
         ),
+        (
+            ["pull", "orders", "--base-url", "https://acme..subs.example", "--token", "t"],
+            "base_url's host is not a host name",
+        ),
+        (["fake-server", "--port", "70000"], "argument --port: expected a port, 0-65535"),
+        (["fake-server", "--latency-ms", "inf"], "argument --latency-ms: expected a number >= 0"),
+        (["fake-server", "--latency-ms", "-5"], "argument --latency-ms: expected a number >= 0"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
     ],

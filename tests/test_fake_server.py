@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import select
 import signal
@@ -891,7 +892,25 @@ async def test_inbound_delay_stamps_requests_late(session: aiohttp.ClientSession
     assert len(set(lags)) == 5  # drawn from the range, not fixed
 
 
-@pytest.mark.parametrize("delay", [-0.1, (0.2, 0.1), (-1.0, 0.5), True, "0.1"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"latency": math.inf},  # would never answer
+        {"latency": math.nan},
+        {"latency": (0, math.inf)},
+        {"max_page_size": 2.5},  # a 500 on every clamped page
+        {"default_page_size": 0},
+        {"rate_limits": lambda: ServerRateLimits(headers="IETF")},  # else X-RateLimit-* sent
+    ],
+)
+def test_a_knob_no_server_could_have_is_refused(knobs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - each knob's own message
+        FakeAdminServer(**{k: v() if callable(v) else v for k, v in knobs.items()})
+
+
+@pytest.mark.parametrize(
+    "delay", [-0.1, (0.2, 0.1), (-1.0, 0.5), True, "0.1", math.inf, math.nan, (0, math.inf)]
+)
 def test_inbound_delay_is_validated(delay: Any) -> None:
     with pytest.raises(ValueError, match="inbound_delay"):
         FakeAdminServer(inbound_delay=delay)

@@ -34,8 +34,10 @@ __all__ = [
     "USER_AGENT",
     "event_loop_factory",
     "fraction",
+    "non_negative_float",
     "non_negative_int",
     "output_options",
+    "port",
     "positive_float",
     "positive_int",
     "rate",
@@ -85,6 +87,10 @@ positive_float: Callable[[str], float] = _number(
     float, "a positive number", lambda v: 0 < v < float("inf")
 )
 fraction: Callable[[str], float] = _number(float, "a fraction in (0, 1]", lambda v: 0 < v <= 1)
+non_negative_float: Callable[[str], float] = _number(
+    float, "a number >= 0", lambda v: 0 <= v < float("inf")
+)
+port: Callable[[str], int] = _number(int, "a port, 0-65535", lambda v: 0 <= v <= 65_535)
 
 
 def rate(text: str) -> Any:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigError
 from ..settings import is_loopback
-from ._common import non_negative_int, positive_int
+from ._common import non_negative_float, non_negative_int, port, positive_int
 from ._output import Output
 
 if TYPE_CHECKING:
@@ -34,14 +34,18 @@ def add_parser(commands: Any) -> None:
         help="address to listen on (0.0.0.0: every interface; what it prints reaches it on "
         "loopback)",
     )
-    fake.add_argument("--port", type=non_negative_int, default=8080, help="0 = any free port")
+    fake.add_argument("--port", type=port, default=8080, help="0 = any free port")
     fake.add_argument("--stores", type=positive_int, default=2, metavar="N", help="stores")
     fake.add_argument(
         "--records", type=non_negative_int, default=1000, metavar="N", help="records per resource"
     )
     fake.add_argument("--seed", type=int, default=0, help="data seed (same seed, same records)")
     fake.add_argument(
-        "--latency-ms", type=float, default=0.0, metavar="MS", help="added to every answer"
+        "--latency-ms",
+        type=non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="added to every answer",
     )
     fake.add_argument(
         "--no-rate-limits", action="store_true", help="never answer 429 (default: 50/s global)"

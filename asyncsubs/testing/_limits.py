@@ -77,7 +77,9 @@ class ServerRateLimits(PoolSplit):
     )
     window: Window = attrs.field(default="sliding", validator=_check_window)
     retry_after_float: bool = False
-    headers: Literal["ietf", "x"] | None = None
+    headers: Literal["ietf", "x"] | None = attrs.field(
+        default=None, validator=attrs.validators.in_(("ietf", "x", None))
+    )
     enabled: bool = True
 
     @classmethod

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -130,12 +131,17 @@ def _validate_latency(latency: Latency, name: str = "latency") -> Latency:
         return None
     if isinstance(latency, tuple):
         low, high = latency
-        if not 0 <= low <= high:
+        if not all(map(_seconds, latency)) or not low <= high:
             raise ValueError(f"{name} range must be 0 <= min <= max, got {latency!r}")
         return (float(low), float(high))
-    if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
+    if not _seconds(latency):
         raise ValueError(f"{name} must be seconds >= 0, a (min, max) tuple or None: {latency!r}")
     return float(latency)
+
+
+def _seconds(value: object) -> bool:
+    """A finite number of seconds >= 0 (an infinite one would never answer)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
 
 
 def _validate_stalls(stalls: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -238,8 +244,11 @@ class FakeAdminServer:
         list_order: ListOrder = "id",
         before_page: Callable[[FakeStore, str], object] | None = None,
     ) -> None:
-        if not 1 <= default_page_size <= max_page_size:
-            raise ValueError("need 1 <= default_page_size <= max_page_size")
+        sizes = (default_page_size, max_page_size)
+        if not all(type(size) is int for size in sizes) or not 1 <= sizes[0] <= sizes[1]:
+            raise ValueError(
+                f"need whole numbers 1 <= default_page_size <= max_page_size, got {sizes!r}"
+            )
         if over_max not in ("clamp", "reject"):
             raise ValueError(f"over_max must be 'clamp' or 'reject', got {over_max!r}")
         if list_order not in ("id", "changed"):
