@@ -953,3 +953,19 @@ def test_help_says_every_default_and_seconds_alike(capsys: Any) -> None:
     pull = help_of("pull")
     assert "--timeout SECONDS seconds per attempt (default: 30.0)" in pull
     assert "TIMEOUT" not in pull
+
+
+def test_ctrl_c_while_the_command_line_loads_is_an_interrupt_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first second of a command imports aiohttp, rich and the rest: Ctrl-C lands there."""
+    import types
+
+    import asyncsubs.__main__ as entry
+
+    class Loading(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "asyncsubs.cli", Loading("asyncsubs.cli"))
+    assert entry.main(["pull", "--help"]) == 130
