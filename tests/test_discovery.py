@@ -632,37 +632,35 @@ async def test_a_page_size_exported_as_before_starts_the_next_client_at_it(
     assert (exported[ORDERS]["page_size"], exported[ORDERS]["page_refused"]) == (500, 501)
 
 
-async def test_a_400_that_is_not_about_the_size_fails_as_before(
-    large_stores: FakeAdminServer, fast_limits: Limits
+@pytest.mark.parametrize(
+    ("store", "pull", "said", "most_400s"),
+    [
+        # A filter the server refuses: the ladder down to 50, no further, then the 400.
+        ("refuses", {"params": {"status": "NO"}}, "status must be one of", 5),
+        # An expired or foreign cursor: the 400 at once.
+        ("clamps", {"after_cursor": "expired"}, "INVALID_CURSOR", 1),
+    ],
+)
+async def test_a_400_that_is_not_about_the_size_fails_and_teaches_no_size(
+    large_stores: FakeAdminServer,
+    fast_limits: Limits,
+    store: str,
+    pull: dict[str, Any],
+    said: str,
+    most_400s: int,
 ) -> None:
     fake = large_stores
     async with AdminClient(
-        token=fake.store("refuses").token,
+        token=fake.store(store).token,
         base_url=fake.base_url,
+        store=store,
         limiter=Limiter(),
         limits=fast_limits,  # the ladder's requests unpaced: its steps are what counts here
     ) as client:
-        with pytest.raises(BadRequestError, match="status must be one of"):
-            await anext(aiter(client.subscriptions.list(page_size="max", params={"status": "NO"})))
-    assert fake.stats("refuses").statuses[400] <= 5  # the ladder down to 50, no further
-
-
-async def test_a_400_about_the_cursor_is_not_about_the_size(
-    large_stores: FakeAdminServer, fast_limits: Limits
-) -> None:
-    """An expired or foreign cursor's 400 fails the pull at once and teaches no page size."""
-    fake = large_stores
-    async with AdminClient(
-        token=fake.store("clamps").token,
-        base_url=fake.base_url,
-        store="clamps",
-        limiter=Limiter(),
-        limits=fast_limits,
-    ) as client:
-        with pytest.raises(BadRequestError, match="INVALID_CURSOR"):
-            await anext(aiter(client.orders.list(page_size="max", after_cursor="expired")))
-        learned = client.export_learned()["pools"][ORDERS]
-    assert fake.stats("clamps").statuses[400] == 1
+        with pytest.raises(BadRequestError, match=said):
+            await anext(aiter(client.subscriptions.list(page_size="max", **pull)))
+        learned = client.export_learned()["pools"]["subscriptions"]
+    assert fake.stats(store).statuses[400] <= most_400s
     assert (learned["page_size"], learned["page_refused"]) == (None, None)
 
 
