@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -545,6 +545,37 @@ def test_interrupted_run_shows_interrupted_in_the_live_tables_last_frame(
     (line,) = [x for x in last_frame if x.startswith("acme ")]
     assert "interrupted" in line
     assert "running" not in line
+
+
+def test_a_signal_after_the_work_is_done_does_not_say_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM as the display draws its last frame: the pull is whole and its checkpoint gone,
+    so exit 143 ("rerun to resume") would have a rerun start it over."""
+    import argparse
+    import contextlib
+
+    from asyncsubs.cli import _common
+    from asyncsubs.cli._common import Runner
+    from asyncsubs.cli._output import Output
+
+    @contextlib.asynccontextmanager
+    async def last_frame_meets_sigterm(*args: Any, **kwargs: Any) -> AsyncIterator[None]:
+        yield
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # what the SIGTERM handler does
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(_common, "show_progress", last_frame_meets_sigterm)
+    args = argparse.Namespace(progress_interval=1.0, verbose=False)
+    finished = []
+
+    async def work() -> None:
+        finished.append(True)
+
+    Runner(args, Output(), mode="plain").run(work)  # returns: no CommandFailed
+    assert finished == [True]
 
 
 def test_plain_progress_prints_a_failure_once(

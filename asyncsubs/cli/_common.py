@@ -193,8 +193,10 @@ class Runner:
         """Run the coroutine with the progress shown; Ctrl-C and SIGTERM raise CommandFailed
         (130, 143) after the coroutine's own cleanup ran."""
         progress, args = self.progress, self.args
+        done = False  # the work finished: a signal during the display's last frame stops nothing
 
         async def body() -> None:
+            nonlocal done
             # SIGTERM (a scheduler stopping the job) ends the command like Ctrl-C: cleanup runs
             # and what was committed stays committed.
             loop, task = asyncio.get_running_loop(), asyncio.current_task()
@@ -210,6 +212,7 @@ class Runner:
                 async with shown:
                     try:
                         await coro_factory()
+                        done = True
                     except (asyncio.CancelledError, KeyboardInterrupt):
                         progress.stop()  # before the display's last refresh
                         raise
@@ -222,6 +225,8 @@ class Runner:
                 runner.run(body())
         except (KeyboardInterrupt, asyncio.CancelledError) as exc:
             progress.stop()
+            if done:  # "interrupted, rerun to resume" would start a finished pull over
+                return
             code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_TERMINATED
             raise CommandFailed([], code) from None
 
