@@ -65,12 +65,11 @@ def parse_rate(value: object) -> Rate:
     try:
         return Rate(n, per=per)  # type: ignore[arg-type]
     except ConfigError:  # Rate's own checks, said in the file's terms
-        good_n = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_STARTS
-        what = (
-            "a period of seconds > 0"  # Rate checks n first
-            if good_n
-            else f"a whole number of requests from 1 to {MAX_STARTS:,}"
-        )
+        whole = isinstance(n, int) and not isinstance(n, bool) and n > 0  # Rate checks n first
+        what = "a whole number of requests >= 1"
+        if whole:
+            too_many = n > MAX_STARTS  # type: ignore[operator]
+            what = f"at most {MAX_STARTS:,} requests" if too_many else "a period of seconds > 0"
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
 
 
