@@ -90,8 +90,14 @@ class RawResponse:
 
 
 #: The shortest piece of the token that a text must not show: a parser's excerpt of a line may
-#: cut the token anywhere.
+#: cut the token anywhere, and a server may echo its start.
 _TOKEN_PIECE: Final = 8
+#: Pieces of the token past which a text (a hostile body echoing it throughout) is not shown
+#: at all: masking each would cost more than the text is worth.
+_MOST_PIECES: Final = 1_000
+#: A JSON escape of a printable ASCII character (a quote or a backslash as JSON writes it
+#: otherwise, so the text stays JSON), or an escaped slash; or an escaped backslash, kept.
+_ESCAPE: Final = re.compile(r"\\(?:u00([2-7][0-9A-Fa-f])|/)|\\\\")
 
 
 def _shown_forms(secret: str) -> list[str]:
@@ -103,50 +109,56 @@ def _shown_forms(secret: str) -> list[str]:
     return sorted(forms, key=len, reverse=True)
 
 
+def _unescaped(match: re.Match[str]) -> str:
+    code = match[1]
+    if code is None:
+        return "/" if match[0] == "\\/" else match[0]
+    character = chr(int(code, 16))
+    return "\\" + character if character in '"\\' else character  # as JSON writes those
+
+
 def redacted(text: str, secret: str) -> str:
     """``text`` with every form of ``secret`` in it put as ``***``, and every piece of it as long
     as ``_TOKEN_PIECE`` or longer (an excerpt that cut it, a server echoing its start)."""
-    for form in _shown_forms(secret):
+    forms = _shown_forms(secret)
+    for form in forms:
         text = text.replace(form, "***")
-    piece = min(_TOKEN_PIECE, len(secret))
-    covered = bytearray(len(text))  # the characters that are part of such a piece
-    for i in range(len(secret) - piece + 1):
-        at = text.find(secret[i : i + piece])
+    n = min(_TOKEN_PIECE, len(secret))
+    pieces = {form[i : i + n] for form in forms for i in range(len(form) - n + 1)}
+    spans = []
+    for piece in pieces:
+        at = text.find(piece)
         while at != -1:
-            covered[at : at + piece] = b"\x01" * piece
-            at = text.find(secret[i : i + piece], at + 1)
-    if not any(covered):
-        return text
-    runs = re.finditer(rb"\x01+", covered)
-    kept, start = [], 0
-    for run in runs:
-        kept += [text[start : run.start()], "***"]
-        start = run.end()
-    return "".join([*kept, text[start:]])
+            spans.append((at, at + n))
+            if len(spans) > _MOST_PIECES:
+                return "(a text holding the client's token throughout, not shown)"
+            at = text.find(piece, at + 1)
+    runs: list[list[int]] = []  # the spans merged where they touch
+    for begin, end in sorted(spans):
+        if runs and begin <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([begin, end])
+    shown, kept = 0, []
+    for begin, end in runs:
+        kept += [text[shown:begin], "***"]
+        shown = end
+    return "".join([*kept, text[shown:]])
 
 
 def without_secret(raw: RawResponse, secret: str) -> RawResponse | None:
     """``raw`` with ``secret`` (the token, echoed by a server or a proxy) put as ``***`` in its
     body and headers, to build an error from; None when it holds no ``secret``.
 
-    A JSON body may escape it (``\\/``, ``\\u0074``): one that holds it once decoded is
-    searched, and given, as encoded again."""
-    body = raw.body
-    try:
-        canonical = _json.dumps(_json.loads(body))
-    except (ValueError, TypeError):  # not JSON, or nested deeper than orjson writes
-        canonical = body
-    in_json = _json.dumps(secret)[1:-1]
-    if in_json in canonical:
-        body = canonical.replace(in_json, b"***")
-    # Bytes that are not UTF-8 kept as they are, through the surrogates that stand for them.
-    body = redacted(body.decode("utf-8", "surrogateescape"), secret).encode(
-        "utf-8", "surrogateescape"
-    )
+    A JSON body may escape its characters (``\\u0074``, ``\\/``): they are read as the error
+    will read them. Bytes that are not UTF-8 are kept, through the surrogates that stand for
+    them."""
+    text = _ESCAPE.sub(_unescaped, raw.body.decode("utf-8", "surrogateescape"))
+    clean = redacted(text, secret)
     headers = {name: redacted(value, secret) for name, value in raw.headers.items()}
-    if body == raw.body and headers == raw.headers:
+    if clean == text and headers == raw.headers:
         return None
-    return RawResponse(raw.status, headers, body)
+    return RawResponse(raw.status, headers, clean.encode("utf-8", "surrogateescape"))
 
 
 @attrs.frozen

@@ -103,8 +103,8 @@ def retry_delay(
         if exc.retry_after > left:
             return None
         return 0.0 if isinstance(exc, RateLimitError) else exc.retry_after
-    if isinstance(exc, RateLimitError):
-        return 0.0
+    if isinstance(exc, RateLimitError):  # its pool pauses for the backoff's ceiling
+        return None if _backoff_ceiling(policy, attempt) > left else 0.0
     return min(left, random.uniform(0.0, _backoff_ceiling(policy, attempt)))
 
 

@@ -19,10 +19,14 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-__all__ = ["INSTANT_PATTERN", "NUMBER_PATTERN", "newer", "older", "older_sql"]
+__all__ = ["INSTANT_PATTERN", "NUMBER_PATTERN", "newer", "older", "older_sql", "version"]
 
-#: A number as JSON writes one, or as a string of digits.
-NUMBER_PATTERN: Final = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+#: A number as JSON writes one, or as a string of digits: up to 255 digits (PostgreSQL's
+#: longest repetition) and an exponent of three, which both Python's Decimal and PostgreSQL's
+#: numeric read (longer ones are text).
+NUMBER_PATTERN: Final = r"[+-]?([0-9]{1,255}(\.[0-9]{0,255})?|\.[0-9]{1,255})([eE][+-]?[0-9]{1,3})?"
+#: JSON integers as large as the pattern's, in absolute value.
+_LARGEST: Final = 10**255
 #: An instant: a date, then maybe a time to the minute, second or microsecond and its zone;
 #: what both Python and PostgreSQL read alike (not hour 24, a leap second or an offset beyond
 #: 15:59, which one of them refuses).
@@ -32,31 +36,39 @@ INSTANT_PATTERN: Final = (
 )
 _NUMBER: Final = re.compile(NUMBER_PATTERN)
 _INSTANT: Final = re.compile(INSTANT_PATTERN)
-_NUMBER_KIND, _INSTANT_KIND, _TEXT_KIND = 0, 1, 2
 
 
-def _version(stamp: Any) -> tuple[int, Any] | None:
-    """``stamp``'s kind and the value it compares by within it; None when it orders nothing."""
-    if isinstance(stamp, bool) or stamp is None:
+def version(stamp: Any) -> tuple[str, Any] | None:
+    """``stamp``'s kind (``"number"``, ``"instant"`` or ``"text"``) and the value it compares by
+    within it (a number, an aware datetime, the text); None when it orders nothing (none, an
+    empty string, a boolean, an object or a list)."""
+    if isinstance(stamp, bool) or stamp is None or stamp == "":
         return None
-    if isinstance(stamp, int | float):
-        return (_NUMBER_KIND, stamp) if math.isfinite(stamp) else None
+    if isinstance(stamp, int):
+        if -_LARGEST < stamp < _LARGEST:
+            return "number", stamp
+        try:  # longer: text, as a sink's column holds it
+            return "text", str(stamp)
+        except ValueError:  # past Python's digits for str(): no sink takes it either
+            return None
+    if isinstance(stamp, float):
+        return ("number", stamp) if math.isfinite(stamp) else None
     if not isinstance(stamp, str):
         return None
     if _NUMBER.fullmatch(stamp):
-        return _NUMBER_KIND, Decimal(stamp)
+        return "number", Decimal(stamp)
     if _INSTANT.fullmatch(stamp):
         try:
             parsed = datetime.fromisoformat(stamp)
         except ValueError:  # a month 13, a hour 25
-            return _TEXT_KIND, stamp
-        return _INSTANT_KIND, parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    return _TEXT_KIND, stamp
+            return "text", stamp
+        return "instant", parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    return "text", stamp
 
 
 def older(a: Any, b: Any) -> bool:
     """Whether the version stamped ``a`` is older than the one stamped ``b``."""
-    version_a, version_b = _version(a), _version(b)
+    version_a, version_b = version(a), version(b)
     if version_a is None or version_b is None or version_a[0] != version_b[0]:
         return False
     return bool(version_a[1] < version_b[1])
@@ -78,7 +90,7 @@ def older_sql(name: str) -> str:
             instant_a timestamptz;
             instant_b timestamptz;
         BEGIN
-            IF a IS NULL OR b IS NULL THEN
+            IF a IS NULL OR b IS NULL OR a = '' OR b = '' THEN
                 RETURN false;
             ELSIF a ~ number OR b ~ number THEN
                 RETURN a ~ number AND b ~ number AND a::numeric < b::numeric;

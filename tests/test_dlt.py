@@ -785,3 +785,24 @@ def test_stores_from_the_environment_are_a_json_object_and_never_shown() -> None
     for lag in (math.nan, math.inf, 1e11, -1):
         with pytest.raises(ConfigError, match="lag must be a number of seconds"):
             subscription_service(stores=orjson.dumps(table).decode(), lag=lag)
+
+
+@pytest.mark.parametrize(
+    ("mark", "lag", "start"),
+    [
+        ("2026-01-02T12:00:00Z", 3600, "2026-01-02T11:00:00Z"),
+        ("2026-01-02T09:00:00-05:00", 3600, "2026-01-02T08:00:00-05:00"),  # its own offset
+        ("2026-01-02 10:00", 60, "2026-01-02 09:59:00"),  # UTC, as written
+        ("2026-01-10", 3600, "2026-01-09"),  # seconds, not days
+        ("0001-01-01T00:00:00Z", 3600, "0001-01-01T00:00:00Z"),  # before the calendar: as is
+        (1767355200000, 3600, 1767355196400),  # the field's units
+        ("1700000000", 3600, "1699996400"),  # digits stay digits, not a date
+        ("v-17", 3600, "v-17"),  # text: no lag to take
+    ],
+)
+def test_the_filter_is_the_mark_less_the_lag_in_the_marks_form(
+    mark: Any, lag: float, start: Any
+) -> None:
+    from asyncsubs.dlt._source import _lagged
+
+    assert _lagged(mark, lag) == start

@@ -898,6 +898,7 @@ async def test_inbound_delay_stamps_requests_late(session: aiohttp.ClientSession
         {"latency": math.inf},  # would never answer
         {"latency": math.nan},
         {"latency": (0, math.inf)},
+        {"latency": 10**400},  # past a float
         {"max_page_size": 2.5},  # a 500 on every clamped page
         {"default_page_size": 0},
         {"rate_limits": lambda: ServerRateLimits(headers="IETF")},  # else X-RateLimit-* sent

@@ -307,7 +307,31 @@ def test_a_version_older_by_the_incremental_field_is_not_yielded_after_a_newer_o
         (None, "2026-01-01T00:00:00Z", False),
         (True, 2, False),
         (1, "2", True),  # a string of digits is a number (a database holds stamps as text)
+        # Beyond what both Python and PostgreSQL read as numbers: never a raise.
+        # Text, by code point, as a sink's column compares it.
+        pytest.param(10**400, 10**401, True, id="ints-past-255-digits"),
+        ("1", "1e131072", False),  # text, against a number: two kinds
+        (1e308, 2e308, False),  # inf
+        ("", "a", False),  # an empty stamp orders nothing
     ],
 )
 def test_older(a: Any, b: Any, is_older: bool) -> None:
     assert older(a, b) is is_older
+
+
+def test_the_mark_is_the_newest_stamp_that_orders() -> None:
+    """An empty stamp or a boolean served first would stay the mark for good."""
+    served = Served("updatedAt")
+    stamps = ["", True, None, "2024-06-01T00:00:00Z", "2024-05-01T00:00:00Z"]
+    served.rows("s", [{"id": i, "updatedAt": v} for i, v in enumerate(stamps)])
+    assert served.newest == "2024-06-01T00:00:00Z"
+
+
+def test_a_records_own_field_renamed_never_lands_on_another_of_its_fields() -> None:
+    rows = Served().rows("s", [{"id": 1, "store": "theirs", "record_store": "also theirs"}])
+    assert {k: v for k, v in rows[0].items() if k != SEQ_COLUMN} == {
+        "id": 1,
+        "record_record_store": "theirs",
+        "record_store": "also theirs",
+        "store": "s",
+    }

@@ -477,3 +477,28 @@ def test_an_echo_escaped_in_json_is_found_and_left_out() -> None:
     assert clean is not None
     assert json.loads(clean.body) == {"success": False, "message": "bad token ***"}
     assert without_secret(raw(401, b'{"message": "bad token"}'), ESCAPABLE) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Its first characters, each escaped: never the whole token, so never found whole.
+        b'{"message": "token starting '
+        + "".join(f"\\u{ord(c):04x}" for c in TOKEN[:10]).encode()
+        + b'... is revoked"}',
+        # Escaped, beside an array nested deeper than any encoder writes back.
+        b'{"message": "bad token '
+        + "".join(f"\\u{ord(c):04x}" for c in TOKEN).encode()
+        + b'", "deep": '
+        + b"[" * 3000
+        + b"]" * 3000
+        + b"}",
+    ],
+)
+def test_an_escaped_echo_is_found_in_part_and_at_any_depth(body: bytes) -> None:
+    clean = without_secret(raw(401, body), TOKEN)
+    assert clean is not None
+    with pytest.raises(errors.AuthenticationError) as info:
+        parse_response("GET", "x", clean)
+    assert "SECRET" not in str(info.value)
+    assert "SECRET" not in repr(info.value.body)[:2000]

@@ -124,6 +124,8 @@ def test_no_attempt_is_made_past_max_total() -> None:
         unavailable.retry_after = limited.retry_after = 1.5
         assert retry_delay(policy, get, unavailable, 1, elapsed=0.5) == 1.5
         assert retry_delay(policy, get, limited, 1, elapsed=0.5) == 0.0  # the pool's pause
+        # Without a Retry-After, a 429's pool pauses for the backoff's ceiling (30 s here).
+        assert retry_delay(policy, get, errors.RateLimitError("429", status=429), 1, 0.5) is None
         reset = errors.TransportError("reset", maybe_processed=False)
         delays = [retry_delay(policy, get, reset, 1, elapsed=1.5) for _ in range(50)]
         assert all(delay is not None and delay <= 0.5 for delay in delays)

@@ -726,6 +726,16 @@ async def test_writes_queued_behind_one_that_waited_out_a_lock_fail_with_it(
         # A write queued once the lock is gone waits its own busy timeout, and goes through.
         assert await sink.upsert_record("s", "orders", {"id": 9})
         assert await sink.count("s", "orders") == 1
+        # Closing, queued behind a write waiting out a lock, closes (it takes no lock).
+        conn = sink.conn
+        holder.execute("BEGIN IMMEDIATE")
+        write = asyncio.ensure_future(sink.upsert_record("s", "orders", {"id": 10}))
+        await asyncio.sleep(0)  # the write queued first
+        await sink.aclose()
+        with pytest.raises(DatabaseUnavailable):
+            await write
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
     finally:
         holder.close()
         await sink.aclose()

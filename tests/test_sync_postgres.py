@@ -192,6 +192,9 @@ STAMP_PAIRS: Final = [
     ("2026-01-01T23:59:60Z", "2026-01-01T00:00:00Z"),
     ("2026-01-01T10:00:00+23:59", "2026-01-01T00:00:00Z"),
     ("0001-01-01Z", ":"),
+    ("1", "1e131072"),  # beyond what both read as a number: text, another kind
+    (10**300, 10**300 + 1),  # beyond it too: text, by code point
+    ("", "2026-01-01T00:00:00Z"),  # an empty stamp orders nothing
     ("b", "a"),
     ("a", "b"),
     ("Z", "a"),  # by code point, not by a collation

@@ -378,6 +378,22 @@ def test_a_signature_field_sent_in_several_lines_is_one_list(scheme: str) -> Non
         verify_delivery(receiver, one_line, body, now)
 
 
+def test_a_timestamped_sender_with_a_line_per_secret_is_read_line_by_line() -> None:
+    """t=...,v1=... once per secret, each in a line of its own: two t= in one list."""
+    receiver = WebhookConfig(NEW, scheme="timestamped")
+    body, now = storeless("r-1"), time.time()
+    name = receiver.signature_header
+    lines: CIMultiDict[str] = CIMultiDict()
+    for secret in (OLD, NEW):  # the receiver's own in the second line
+        lines.add(name, timestamped_headers([secret], body, int(now), header=name)[name])
+    verify_delivery(receiver, lines, body, now)  # raises DeliveryRefused otherwise
+    old_only: CIMultiDict[str] = CIMultiDict()
+    for _ in range(2):
+        old_only.add(name, lines.getall(name)[0])
+    with pytest.raises(DeliveryRefused):
+        verify_delivery(receiver, old_only, body, now)
+
+
 # --- stores --------------------------------------------------------------------------------------
 
 

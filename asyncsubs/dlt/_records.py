@@ -21,7 +21,7 @@ from dlt.common.normalizers.naming.snake_case import NamingConvention
 from dlt.common.wei import Wei
 
 from .._json import may_hold_a_long_integer
-from .._versions import older
+from .._versions import older, version
 from ._deletes import DELETED_COLUMN
 
 __all__ = ["OWN_PREFIX", "SEQ_COLUMN", "STORE_COLUMN", "Served", "exact"]
@@ -70,7 +70,8 @@ class Served:
             self.dropped += 1
             return False
         self._newest[key] = value
-        if value is not None and (self.newest is None or older(self.newest, value)):
+        # Only a stamp that orders (an empty one, a boolean would stay the mark for good).
+        if version(value) is not None and (self.newest is None or older(self.newest, value)):
             self.newest = value
         return True
 
@@ -88,7 +89,15 @@ class Served:
                 plain.add(key)
         if not ours:
             return record
-        return {OWN_PREFIX + key if key in ours else key: v for key, v in record.items()}
+        taken = {_NAMES.normalize_identifier(key) for key in record if key not in ours}
+        renamed = {}
+        for key in ours:
+            name = OWN_PREFIX + key
+            while _NAMES.normalize_identifier(name) in taken:  # a record_store of its own too
+                name = OWN_PREFIX + name
+            taken.add(_NAMES.normalize_identifier(name))
+            renamed[key] = name
+        return {renamed.get(key, key): value for key, value in record.items()}
 
     def rows(self, store: str, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """One page's records for dlt, numbered, older versions left out; each with its

@@ -13,17 +13,17 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
 import dlt
 from dlt.common.typing import TSecretStrValue, TSecretValue
 from dlt.extract import DltResource
-from dlt.extract.incremental.lag import apply_lag
 
 from .. import _json
 from .._client import store_fingerprint
-from .._versions import older
+from .._versions import older, version
 from ..errors import ConfigError, ProtocolError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..stores import (
@@ -181,14 +181,26 @@ def _resource(
 
 def _lagged(mark: Any, lag: float) -> Any:
     """The filter's value for a run: ``mark`` less ``lag``, in seconds for a timestamp (in the
-    mark's own format, as dlt writes it), in the field's units for a number; text as it is."""
-    try:
-        start = apply_lag(lag, None, mark, max) if lag else mark
-    except (ValueError, TypeError):  # text that is not a timestamp: no lag to take
+    mark's own form: a date, an offset, ``Z``), in the field's units for a number (a string of
+    digits stays one); text, or a mark the lag would take before the calendar, as it is."""
+    kind, value = version(mark) or ("text", mark)
+    if not lag or kind == "text":
         return mark
-    if isinstance(start, datetime.datetime | datetime.date):  # a shape dlt does not write back
-        return start.isoformat()
-    return start
+    if kind == "number":
+        if not isinstance(mark, str):
+            return mark - lag if isinstance(mark, float) or lag % 1 else mark - int(lag)
+        start = value - Decimal(repr(lag))
+        return str(start.quantize(1)) if start == start.to_integral_value() else str(start)
+    try:
+        start = value - datetime.timedelta(seconds=lag)
+    except OverflowError:
+        return mark
+    if "T" not in mark and " " not in mark:  # a date: the day the lagged instant falls in
+        return start.date().isoformat()
+    if datetime.datetime.fromisoformat(mark).tzinfo is None:  # UTC, as it was written
+        return start.replace(tzinfo=None).isoformat(sep="T" if "T" in mark else " ")
+    text = start.isoformat()
+    return text.removesuffix("+00:00") + "Z" if mark.endswith("Z") else text
 
 
 def _stores(

@@ -232,9 +232,11 @@ class SQLiteSink(SQLSink):
         for store in stores or ():
             await store.aclose()
         if self._conn is not None:
-            # Queued behind any write still running, so that write finishes first.
-            with contextlib.suppress(DatabaseError):
-                await self._run(self.conn.close)
+            # Queued behind any write still running, so that write finishes first; never failed
+            # with a lock that write waited out (closing takes none).
+            loop = asyncio.get_running_loop()
+            with contextlib.suppress(sqlite3.Error):
+                await loop.run_in_executor(self._thread, self.conn.close)
             self._conn = None
         self._thread.shutdown(wait=True)
 

@@ -141,7 +141,12 @@ def _validate_latency(latency: Latency, name: str = "latency") -> Latency:
 
 def _seconds(value: object) -> bool:
     """A finite number of seconds >= 0 (an infinite one would never answer)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return 0 <= float(value) < math.inf
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def _validate_stalls(stalls: tuple[float, float] | None) -> tuple[float, float] | None:
