@@ -50,6 +50,12 @@ class PullCheckpoint:
         return output.with_name(output.name + CHECKPOINT_SUFFIX)
 
     @classmethod
+    def temporary_for(cls, output: Path) -> Path:
+        """Where a checkpoint is written before it replaces the last one."""
+        path = cls.path_for(output)
+        return path.with_name(path.name + ".tmp")
+
+    @classmethod
     def load(cls, output: Path) -> PullCheckpoint | None:
         """The checkpoint beside ``output``, None when there is none."""
         path = cls.path_for(output)
@@ -67,10 +73,9 @@ class PullCheckpoint:
             ) from None
 
     def save(self, output: Path) -> None:
-        path = self.path_for(output)
-        temporary = path.with_name(path.name + ".tmp")
+        temporary = self.temporary_for(output)
         temporary.write_bytes(dumps(attrs.asdict(self)))
-        os.replace(temporary, path)  # atomic: a reader sees the old or the new one, whole
+        os.replace(temporary, self.path_for(output))  # atomic: the old one or the new, whole
 
     @classmethod
     def remove(cls, output: Path) -> None:
@@ -103,7 +108,7 @@ def open_output(
         _check_belongs(output, saved, pull)
     # The checkpoint is written after each page: a directory that cannot take it fails the
     # pull here, before FILE is truncated, not after its first page.
-    probe = PullCheckpoint.path_for(output).with_name(output.name + CHECKPOINT_SUFFIX + ".tmp")
+    probe = PullCheckpoint.temporary_for(output)
     try:
         probe.write_bytes(b"")
         probe.unlink()
@@ -111,8 +116,8 @@ def open_output(
         pass  # no such directory: said below, as for FILE
     except OSError as exc:
         raise ConfigError(
-            f"cannot write {probe.with_suffix('')}: {exc.strerror} (-o keeps a checkpoint "
-            "beside FILE, to resume; write to stdout without -o instead)"
+            f"cannot write {PullCheckpoint.path_for(output)}: {exc.strerror} (-o keeps a "
+            "checkpoint beside FILE, to resume; write to stdout without -o instead)"
         ) from None
     try:
         if saved is None:

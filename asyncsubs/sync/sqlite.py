@@ -53,6 +53,12 @@ LOCK_SUFFIX: Final = ".asyncsubs-lock"
 SCHEMA_VERSION: Final = 2
 _BUSY: Final = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Busy or locked (extended codes too): another connection's lock, not this write's fault."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY
+
+
 _SCHEMA: Final = schema(json="TEXT", time="TEXT", flag="INTEGER", count="INTEGER", big="INTEGER")
 
 
@@ -188,16 +194,14 @@ class SQLiteSink(SQLSink):
             try:
                 return fn(*args)
             except sqlite3.Error as exc:
-                if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY:
+                if _busy(exc):
                     self._locked_at = time.monotonic()
                 raise
 
         try:
             return await loop.run_in_executor(self._thread, call)
         except sqlite3.Error as exc:
-            # Busy or locked (extended codes too): another connection's lock, not this write.
-            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY
-            error = DatabaseUnavailable if busy else DatabaseError
+            error = DatabaseUnavailable if _busy(exc) else DatabaseError
             raise error(f"database {self.path}: {exc}") from exc
 
     @property

@@ -155,14 +155,20 @@ def _unix_seconds(value: str | None, header: str) -> int:
     return int(value)
 
 
+def _lines(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every line of header ``name``: a field sent in several lines is one list (RFC 9110 5.3),
+    which a sender or a proxy may split a rotation's signatures into; ``headers.get`` reads
+    only the first of aiohttp's (multidict) headers."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, ()))
+    value = headers.get(name)
+    return [] if value is None else [value]
+
+
 def _field(headers: Mapping[str, str], name: str, separator: str) -> str | None:
-    """Header ``name`` whole: a field sent in several lines is one list (RFC 9110 5.3), which a
-    sender or a proxy may split a rotation's signatures into; ``headers.get`` reads the first."""
-    getall = getattr(headers, "getall", None)  # aiohttp's (multidict) headers
-    values = getall(name, ()) if getall is not None else ()
-    if len(values) > 1:
-        return separator.join(values)
-    return headers.get(name)
+    """Header ``name`` whole, its lines joined by ``separator``; None when absent."""
+    return separator.join(lines) if (lines := _lines(headers, name)) else None
 
 
 def _verify_hmac(
@@ -216,20 +222,21 @@ def _verify_timestamped(
     config: WebhookConfig, headers: Mapping[str, str], body: bytes, now: float
 ) -> None:
     name = config.signature_header
-    header = _field(headers, name, ",")
+    lines = _lines(headers, name)
+    header = ",".join(lines)
     if not header:
         raise _missing(name, "t=<unix seconds>,v1=<signature>")
-    getall = getattr(headers, "getall", None)
-    lines = getall(name, ()) if getall is not None else ()
     if len(lines) > 1 and header.count("t=") > 1:
         # A sender's line per secret, each t=...,v1=...: one of them verifying is enough.
-        refusals = []
+        first: DeliveryRefused | None = None
         for line in lines:
             try:
-                return _verify_timestamped_field(config, name, line, body, now)
+                _verify_timestamped_field(config, name, line, body, now)
+                return
             except DeliveryRefused as refused:
-                refusals.append(refused)
-        raise refusals[0]
+                first = first or refused
+        assert first is not None
+        raise first
     _verify_timestamped_field(config, name, header, body, now)
 
 
