@@ -204,19 +204,16 @@ def sqlite_customers(db: Path) -> dict[str, str | None]:
         return dict(rows.fetchall())
 
 
-async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_service(
-    tmp_path: Path,
-) -> None:
-    """Another process holds the SQLite write lock past the busy timeout: each pull meanwhile
-    fails with one line and is tried again, deliveries are answered 503, and once the lock is
-    released the command goes on."""
-    db = tmp_path / "subs.db"
-    holder: asyncio.subprocess.Process | None = None
+class LockHolder:
+    """Another process holding an SQLite database's write lock: a write transaction left open
+    from ``lock`` until ``unlock``."""
 
-    async def lock() -> None:
-        nonlocal holder
-        # A real lock, from another process: a write transaction left open until told.
-        holder = await asyncio.create_subprocess_exec(
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def lock(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             "import sqlite3, sys\n"
@@ -224,20 +221,111 @@ async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_servi
             "conn.execute('BEGIN IMMEDIATE')\n"
             "print('locked', flush=True)\n"
             "sys.stdin.readline()\n",
-            str(db),
+            str(self.db),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
-        assert holder.stdout is not None
-        assert await holder.stdout.readline() == b"locked\n"
+        assert self.proc.stdout is not None
+        assert await self.proc.stdout.readline() == b"locked\n"
 
-    async def unlock() -> None:
-        assert holder is not None
-        assert holder.stdin is not None
-        holder.stdin.write(b"\n")
-        await holder.stdin.drain()
-        assert await holder.wait() == 0
+    async def unlock(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        await self.proc.stdin.drain()
+        assert await self.proc.wait() == 0
 
+
+async def started_while_broken(
+    tmp_path: Path,
+    db: str,
+    read: Callable[[], Mapping[str, str | None]],
+    fault: Callable[[], Awaitable[None]],
+    repair: Callable[[], Awaitable[None]],
+    *options: str,
+) -> str:
+    """``sync --listen`` started while ``fault`` keeps its database from opening: it says so
+    (twice: it went on after the first) and waits; after ``repair`` it runs its initial sync and
+    applies a delivery. Returns what it wrote on stderr."""
+    await fault()
+    async with fake_server(seed=33) as server:
+        config = write_config(tmp_path, server)
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", db),
+            *("--listen", "127.0.0.1:0", "--reconcile-every", "0.2", *options),
+            env={**os.environ, **environment(server)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        listening = Listening(proc)
+        try:
+            said = r"opening the database failed: database \S+: .*; trying again in"
+            await listening.until(said)
+            await listening.until(said)
+            await repair()
+            await listening.until(r"database \S+ opened after \d+ failed attempts")
+            await listening.until("initial sync done")
+            sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:1])
+            async with aiohttp.ClientSession() as session:
+                await sender.send(session)
+            await applied(read, sender.acknowledged)
+            out, text = await listening.stop()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 143, text
+    assert "Traceback" not in text
+    assert "asyncsubs: error:" not in text, text
+    assert re.search(r"^acme\s+\d", out, re.M)  # the summary, as after any stop
+    return text
+
+
+async def test_a_database_locked_at_start_is_waited_for(tmp_path: Path) -> None:
+    """Started while another process holds the SQLite write lock past the busy timeout, the
+    service says so and tries again until the lock is released, then goes on."""
+    db = tmp_path / "subs.db"
+    holder = LockHolder(db)
+    read = lambda: sqlite_customers(db)  # noqa: E731
+    options = ("--db-timeout", "0.3")
+    text = await started_while_broken(tmp_path, str(db), read, holder.lock, holder.unlock, *options)
+    assert f"opening the database failed: database {db}: database is locked; trying" in text
+
+
+async def test_a_postgresql_down_at_start_is_waited_for(
+    tmp_path: Path, own_postgres: PostgresServer
+) -> None:
+    """Started while its PostgreSQL server is down, the service says so and tries again until
+    the server is back, then goes on."""
+    import psycopg
+
+    url = own_postgres.create_database()
+
+    def customers() -> dict[str, str | None]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute("SELECT id, updated_at FROM customers WHERE store = 'acme'")
+            return dict(rows.fetchall())
+
+    text = await started_while_broken(
+        tmp_path,
+        url,
+        customers,
+        lambda: asyncio.to_thread(own_postgres.pause),
+        lambda: asyncio.to_thread(own_postgres.resume),
+        "--db-timeout",
+        "0.5",
+    )
+    assert "no answer" in text or "connection" in text, text
+
+
+async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the SQLite write lock past the busy timeout: each pull meanwhile
+    fails with one line and is tried again, deliveries are answered 503, and once the lock is
+    released the command goes on."""
+    db = tmp_path / "subs.db"
+    holder = LockHolder(db)
     async with fake_server(seed=31) as server:
         config = write_config(tmp_path, server)
         env = environment(server)
@@ -246,8 +334,8 @@ async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_servi
                 listening,
                 server,
                 lambda: sqlite_customers(db),
-                lock,
-                unlock,
+                holder.lock,
+                holder.unlock,
                 r"reconciliation \d+ failed: database \S+: database is locked; trying again in",
             )
     assert f"database {db}: database is locked; trying again in 0.2s" in text

@@ -13,10 +13,11 @@ irrelevant. Webhooks can be lost, so every ``reconcile_every`` seconds an increm
 every unit fetches what they missed (not deletes: a lost delete leaves its row).
 
 A service outlives its database's bad moments (SQLite locked by another process, PostgreSQL
-restarted): a pull the database fails is told and tried again after a backoff, as often as it
-takes, while the listener keeps serving (a delivery the inbox cannot take is answered 503);
-events accepted before wait until the database takes them rather than spending their handler
-attempts. Once a pull succeeds again, dead letters of other database failures are requeued.
+restarted): opening it at start, and a pull it fails, are told and tried again after a
+backoff, as often as it takes, while the listener keeps serving (a delivery the inbox cannot
+take is answered 503); events accepted before wait until the database takes them rather than
+spending their handler attempts. Once a pull succeeds again, dead letters of other database
+failures are requeued.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class ListenSync:
             await listening.pull()                           # a reconciliation pull
 
     or ``await listening.run(host, port, reconcile_every)`` until cancelled. It opens ``sink``
-    and closes it on leaving, after it stops listening and lets the receivers finish what they
+    (waiting, as often as it takes, while it is ``DatabaseUnavailable``: locked or its server
+    down) and closes it on leaving, after it stops listening and lets the receivers finish what they
     accepted (or dead-letter it).
     """
 
@@ -196,6 +198,22 @@ class ListenSync:
         self._exit = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> ListenSync:
+        def failed(error: DatabaseError, failures: int, delay: float) -> None:
+            self.observe(
+                Message(f"opening the database failed: {error}; trying again in {_seconds(delay)}")
+            )
+
+        # A service started while the database is locked or down waits for it, as it does
+        # when that happens later; a database that is wrong in another way fails at once.
+        _, failures = await _until_written(
+            self._open, DatabaseUnavailable, DATABASE_RETRY_MAX, failed
+        )
+        if failures:
+            after = f"{failures} failed attempt{'s' * (failures > 1)}"
+            self.observe(Message(f"database {self.sink.where} opened after {after}"))
+        return self
+
+    async def _open(self) -> None:
         try:
             await self._exit.enter_async_context(self.sink)
             await self._exit.enter_async_context(self.engine)
@@ -213,7 +231,6 @@ class ListenSync:
                 on_refused=self._refused(config.store),
             )
         self._exit.push_async_callback(self._close_receivers)
-        return self
 
     async def _close_receivers(self) -> None:
         await asyncio.gather(*(r.aclose() for r in self.receivers.values()))

@@ -218,23 +218,27 @@ class PostgresSink(SQLSink):
         self.lease = lease
         self.leases = self
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self._pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=POOL_SIZE,
-            open=False,
-            kwargs={"autocommit": True},
-            configure=_configure,
-            timeout=timeout,
-            reconnect_timeout=timeout,
-            name="asyncsubs",
-        )
+        self._pool = self._new_pool()
         self._listen: psycopg.AsyncConnection[Any] | None = None
         #: Units this worker finished (done or failed) in the current round.
         self._finished = 0
 
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
+
+    def _new_pool(self) -> AsyncConnectionPool[Any]:
+        # A pool opens once: each open() of the sink (a service trying again) makes its own.
+        return AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=POOL_SIZE,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=self.timeout,
+            reconnect_timeout=self.timeout,
+            name="asyncsubs",
+        )
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # workers share the database through leases
@@ -285,6 +289,7 @@ class PostgresSink(SQLSink):
 
     async def open(self) -> None:
         await self._reach()
+        self._pool = self._new_pool()
         try:
             await self._pool.open(wait=True, timeout=self.timeout)
         except (psycopg.Error, PoolTimeout) as exc:

@@ -146,6 +146,11 @@ def _lock(path: Path, db: Path) -> int:
         os.close(fd)  # the file its holder removed on leaving: lock the one there now
 
 
+def _writer_thread() -> ThreadPoolExecutor:
+    # One thread runs every call in order: a write queued behind another runs after it.
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
+
+
 class SQLiteSink(SQLSink):
     """The ``Sink`` in an SQLite file: one connection, used only from one worker thread.
     ``busy_timeout``: seconds a write waits for another process's lock on the file before it
@@ -165,8 +170,7 @@ class SQLiteSink(SQLSink):
         self.path = path
         self.busy_timeout = busy_timeout
         self.where = str(path)
-        # One thread runs every call in order: a write queued behind another runs after it.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncsubs-sqlite")
+        self._thread = _writer_thread()
         self._conn: sqlite3.Connection | None = None
         self._locked_at = -math.inf  # when a call last failed on another connection's lock
         self._webhook_stores: tuple[SQLiteInbox, SQLiteDeadLetters] | None = None
@@ -214,6 +218,7 @@ class SQLiteSink(SQLSink):
             await self._run(self._open)
         except BaseException:
             self._thread.shutdown(wait=False)
+            self._thread = _writer_thread()  # for another open(); it starts no thread yet
             raise
 
     def _open(self) -> None:
@@ -243,6 +248,7 @@ class SQLiteSink(SQLSink):
                 await loop.run_in_executor(self._thread, self.conn.close)
             self._conn = None
         self._thread.shutdown(wait=True)
+        self._thread = _writer_thread()
 
     async def _one(self, sql: str, params: Mapping[str, Any]) -> Any:
         return await self._run(lambda: self.conn.execute(sql, params).fetchone())
@@ -290,7 +296,11 @@ class SQLiteSink(SQLSink):
                 SQLiteDeadLetters(self.path, busy_timeout=self.busy_timeout),
             )
             for store in self._webhook_stores:
-                await store.open()
+                try:
+                    await store.open()
+                except sqlite3.Error as exc:
+                    error = DatabaseUnavailable if _busy(exc) else DatabaseError
+                    raise error(f"database {self.path}: {exc}") from exc
         return self._webhook_stores
 
 

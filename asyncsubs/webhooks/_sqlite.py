@@ -63,9 +63,14 @@ class SQLiteTable:
                 conn = self._target
             else:
                 conn = connect_sqlite(self._target, busy_timeout=self._busy_timeout)
-            self._create(conn)
-            if conn.in_transaction:
-                conn.commit()
+            try:
+                self._create(conn)
+                if conn.in_transaction:
+                    conn.commit()
+            except BaseException:
+                if self._own:  # a lock met creating the table: the next use connects again
+                    conn.close()
+                raise
             self._conn = conn
         return self._conn
 
