@@ -37,7 +37,7 @@ from asyncsubs.sync import DatabaseError, DatabaseUnavailable, ListenSync, sink_
 from asyncsubs.testing import FakeAdminServer, no_waiting
 from asyncsubs.testing._ports import free_port
 from asyncsubs.testing._postgres import PostgresServer
-from asyncsubs.webhooks import signature_header_value
+from asyncsubs.webhooks import WebhookReceiver, signature_header_value
 
 __all__ = ["own_redis_server_fixture", "postgres_server_fixture"]
 
@@ -585,6 +585,37 @@ async def test_dead_letters_of_a_database_failure_are_requeued_once_pulls_succee
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
+
+
+async def test_dead_letters_the_start_could_not_requeue_are_requeued_after_the_first_pull(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database failing between its opening and the start's requeue of dead letters does
+    not end the service: it says so, and requeues them once the initial sync is done."""
+    db = tmp_path / "subs.db"
+    said = Said()
+    calls: list[str] = []
+    requeue = WebhookReceiver.requeue_dead_letters
+
+    async def locked_once(receiver: WebhookReceiver, **kwargs: Any) -> int:
+        calls.append(receiver.store)
+        if len(calls) == 1:
+            raise DatabaseUnavailable(f"database {db}: database is locked")
+        return await requeue(receiver, **kwargs)
+
+    monkeypatch.setattr(WebhookReceiver, "requeue_dead_letters", locked_once)
+    async with fake_server(seed=37) as server:
+        engine = ListenSync(listen_configs(tmp_path, server), sink_for(str(db)), said)
+        with no_waiting():
+            async with engine:
+                running = asyncio.create_task(engine.run("127.0.0.1", 0, reconcile_every=60))
+                await until(said.saying("dead letters not requeued yet: .*database is locked"))
+                await until(said.saying("initial sync done"))
+                await until(lambda: len(calls) == 3)  # both stores, after the pull
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+    assert sorted(calls) == ["acme", "acme", "globex"]
 
 
 async def test_the_sinks_tell_a_database_unavailable_now_from_other_failures(

@@ -196,6 +196,8 @@ class ListenSync:
         self._applied = {config.store: _Applied() for config in configs}
         self._told: dict[str, WebhookCounts] = {}
         self._exit = contextlib.AsyncExitStack()
+        #: Dead letters to requeue once a pull succeeds: the database failed in between.
+        self._requeue_after_pull = False
 
     async def __aenter__(self) -> ListenSync:
         def failed(error: DatabaseError, failures: int, delay: float) -> None:
@@ -337,7 +339,11 @@ class ListenSync:
             raise ConfigError(problem, key="listen", sep=" ") from None
         self._exit.push_async_callback(listener.aclose)
         # Before the inbox resumes: a resumed event that fails again now waits for the next start.
-        await self._requeue_dead_letters()
+        try:
+            await self._requeue_dead_letters()
+        except Exception as exc:  # the database failing since it opened: a pull's end does it
+            self._requeue_after_pull = True
+            self.observe(Message(f"dead letters not requeued yet: {describe_error(exc)}"))
         for receiver in self.receivers.values():
             await receiver.start()
         self._exit.callback(asyncio.create_task(self._watch_counts()).cancel)
@@ -412,7 +418,8 @@ class ListenSync:
                     f"next reconciliation in {_seconds(delay)}"
                 )
             )
-            if failures:
+            if failures or self._requeue_after_pull:
+                self._requeue_after_pull = False
                 try:
                     await self._requeue_dead_letters()
                 except Exception as exc:  # the database failing again: the next start does it
