@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import os
+import pickle
 import re
 import signal
 import socket
@@ -27,6 +28,7 @@ import pytest
 from asyncsubs import AdminClient, Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._checkpoint import PullCheckpoint
+from asyncsubs.cli._common import CommandFailed
 from asyncsubs.cli._display import LIVE_HEADERS, live_row, progress_line
 from asyncsubs.cli._fake_server import env_name
 from asyncsubs.cli._progress import Progress
@@ -485,6 +487,33 @@ def test_usage_and_config_errors_exit_2(args: list[str], message: str, capsys: A
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["sync", "--config", "s.toml", "--db", "x.db", "--token", "T"], "--token ..."),
+        (["pull", "orders", "--tokn=T", "--base-url", "https://x.example"], "--tokn=..."),
+        (["sync-status", "--db", "x.db", "T"], "..."),
+    ],
+)
+def test_arguments_no_command_takes_are_named_without_their_values(
+    args: list[str], shown: str, capsys: Any
+) -> None:
+    """A token given to a command that reads tokens from the environment, or after a mistyped
+    option, is not repeated on stderr (which CI logs keep)."""
+    token = "tok-0123456789-secret"
+    assert main([token if arg == "T" else arg.replace("=T", f"={token}") for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert f"asyncsubs: error: unrecognized arguments: {shown} (values not shown)\n" in err
+    assert token not in err
+
+
+def test_a_failed_command_pickles_with_its_lines_and_code() -> None:
+    failed = CommandFailed(["store acme: failed", "store globex: failed"], 3)
+    again = pickle.loads(pickle.dumps(failed))
+    assert (str(again), again.lines, again.code) == (str(failed), failed.lines, 3)
+    assert str(again) == "store acme: failed; store globex: failed"
 
 
 def test_help_and_version(capsys: Any) -> None:

@@ -156,6 +156,22 @@ async def test_success_envelope_and_default_page(session: aiohttp.ClientSession)
     assert server.records("acme", "subscriptions")[:50] == body["data"]
 
 
+async def test_reprs_of_requests_and_stores_never_show_a_token(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A user's failed assertion prints them: a token sent (it may be a real one, picked up from
+    the environment) or configured shows as nothing."""
+    token = "tok-0123456789-secret"
+    async with unlimited(stores=[FakeStoreConfig("acme", token=token)]) as server:
+        reply = await call(session, server, "subscriptions", token=token)
+        assert reply.status == 200
+        record = server.requests[-1]
+        assert record.headers[TOKEN_HEADER] == token  # recorded as sent
+        assert token not in repr(record)
+        assert "'X-Service-Token': '***'" in repr(record)
+        assert token not in repr(server.store("acme")) + repr(FakeStoreConfig("a", token=token))
+
+
 @pytest.mark.parametrize("page_size", [1, 7, 50, 137, 250])
 async def test_walk_returns_every_record_once(
     session: aiohttp.ClientSession, page_size: int

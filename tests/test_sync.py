@@ -581,6 +581,25 @@ token_env = "A_TOKEN"
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
 
 
+def test_a_secret_pasted_for_its_variables_name_is_not_shown(tmp_path: Path) -> None:
+    """``token_env`` names a variable: a value that does not read as a name (upper-case words
+    joined by ``_``) may be the secret itself, in upper case too, and is not repeated."""
+    path = tmp_path / "stores.toml"
+    secret = "SK7F3Q9ZL2M8X4HJ1"
+    path.write_text(
+        f'[stores.a]\nbase_url = "https://a.example"\ntoken_env = "{secret}"\n'
+        '[stores.b]\nbase_url = "https://b.example"\ntoken_env = "B_TOKEN"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, {})
+    assert info.value.problems == (
+        "stores.a.token_env: environment variable (a name not like NAME_OF_VARIABLE, not shown: "
+        "it may be a secret) is not set",
+        "stores.b.token_env: environment variable B_TOKEN is not set",
+    )
+
+
 def test_config_problems_say_their_key_and_problem_and_pickle(tmp_path: Path) -> None:
     path = tmp_path / "stores.toml"
     path.write_text(

@@ -62,10 +62,24 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
     return result
 
 
+def _unrecognized(extra: Sequence[str]) -> str:
+    """Arguments no command takes, as an error shows them: options by name, no value (it may
+    be a token given to a command that reads tokens from the environment)."""
+    shown = [
+        arg.partition("=")[0] + "=..." * ("=" in arg) if arg.startswith("-") else "..."
+        for arg in extra
+    ]
+    hidden = " (values not shown)" if "..." in " ".join(shown) else ""
+    return f"unrecognized arguments: {' '.join(shown)}{hidden}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
+        given = _attach_negative_values(sys.argv[1:] if argv is None else argv)
+        args, extra = parser.parse_known_args(given)
+        if extra:
+            parser.error(_unrecognized(extra))
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(json=getattr(args, "log_format", "text") == "json")

@@ -61,9 +61,12 @@ class CommandFailed(Exception):
     """A command failed in a way already described by ``lines``; exit with ``code``."""
 
     def __init__(self, lines: Sequence[str], code: int = EXIT_FAILURE) -> None:
-        super().__init__("; ".join(lines))
+        super().__init__(tuple(lines), code)  # its arguments, so that it pickles
         self.lines = tuple(lines)
         self.code = code
+
+    def __str__(self) -> str:
+        return "; ".join(self.lines)
 
 
 # -- arguments -------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ _UNAUTHORIZED_MESSAGE: Final = (
 )
 
 
+def _headers_repr(headers: Mapping[str, str]) -> str:
+    shown = {k: "***" if k.lower() == TOKEN_HEADER.lower() else v for k, v in headers.items()}
+    return repr(shown)
+
+
 @attrs.frozen
 class RequestRecord:
     """One request as the fake server saw it."""
@@ -100,8 +105,8 @@ class RequestRecord:
     #: Full request path, e.g. ``/admin/2026-04/subscriptions``.
     path: str
     query: Mapping[str, str]
-    #: Case-insensitive.
-    headers: Mapping[str, str]
+    #: Case-insensitive; its repr shows the token as ``***`` (a failed assertion prints it).
+    headers: Mapping[str, str] = attrs.field(repr=_headers_repr)
     #: The authenticated store, or None (401, 404 outside the versioned base).
     store: str | None
     status: int

@@ -87,7 +87,7 @@ class FakeStoreConfig:
     """
 
     name: str
-    token: str | None = attrs.field(default=None, kw_only=True)
+    token: str | None = attrs.field(default=None, kw_only=True, repr=False)
     records: Mapping[str, int] | None = attrs.field(default=None, converter=_counts, kw_only=True)
     forbidden_paths: tuple[str, ...] = attrs.field(default=(), converter=_prefixes, kw_only=True)
     rate_limits: ServerRateLimits | None = attrs.field(default=None, kw_only=True)
