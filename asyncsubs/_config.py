@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -23,9 +24,30 @@ __all__ = [
     "Rate",
     "RetryPolicy",
     "check_binding",
+    "check_redis_url",
     "positive_int",
     "positive_number",
 ]
+
+
+def check_redis_url(url: object, *, where: str = "redis") -> str:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL redis-py can read, or ConfigError
+    saying of ``where`` what is wrong, never echoing it (it may hold a password)."""
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
+    try:
+        _ = urlsplit(url).port  # as redis-py reads it: else it fails at the first request
+    except ValueError:  # its message quotes what it took for the port: a password, maybe
+        readable = False
+    else:
+        readable = True
+    if not readable:
+        raise ConfigError(
+            "the URL's port is not a number (is there a password holding '/', '?', '#' or "
+            "'@'? write those percent-encoded: %2F, %3F, %23, %40)",
+            key=where,
+        )
+    return url
 
 
 def positive_number(name: str, value: Any) -> float:

@@ -77,7 +77,7 @@ import attrs
 import orjson
 
 from ._calibration import SLOWDOWN_HALF_LIFE
-from ._config import Limits
+from ._config import Limits, check_redis_url
 from ._discovery import LEARNED_MAX_AGE, Learned
 from ._limiter import Limiter, MemoryPacing, StoreLimiter
 from .errors import ConfigError, LimiterUnavailableError
@@ -87,7 +87,7 @@ try:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import NoScriptError, RedisError, ResponseError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("asyncsubs.redis needs redis-py: pip install 'asyncsubs[redis]'") from exc
@@ -114,6 +114,17 @@ _LOGGED_STEP: Final = 0.01
 #: A worker whose limiter backend is down logs it at most once per this many seconds.
 _LOG_EVERY: Final = 60.0
 
+# A slowdown's excess (a hash: excess, at), decayed by its half-life; 0 when its fields are not
+# numbers (someone else wrote them), as when they are missing.
+_EXCESS: Final = """
+local function excess(key, now, half_life)
+  local slow = redis.call('HMGET', key, 'excess', 'at')
+  local value, at = tonumber(slow[1]), tonumber(slow[2])
+  if not (value and at) then return 0 end
+  return value * math.pow(0.5, math.max(0, now - at) / tonumber(half_life))
+end
+"""
+
 # GCRA without burst on Redis's clock. Integers of microseconds since the epoch are exact in
 # Lua's doubles (up to 2**53); '%.0f' writes them whole (tostring() would keep 14 digits only).
 # Redis >= 5 replicates scripts by effects, so TIME before a write is allowed; the guarded
@@ -125,7 +136,9 @@ _LOG_EVERY: Final = 60.0
 # lapse, forget ms, least share; times in microseconds. Returns {wait, slowdown, another
 # worker's configured interval or 0, how far Redis's clock went back since the key was
 # written or 0, the workers heard of within the lapse, this one included}.
-RESERVE_SCRIPT: Final = """
+RESERVE_SCRIPT: Final = (
+    _EXCESS
+    + """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -140,9 +153,9 @@ local alone = 0
 local live = 1
 for i = 1, #workers, 2 do
   if workers[i] ~= ARGV[5] then
-    local sep = string.find(workers[i + 1], ':', 1, true)
+    local sep = string.find(workers[i + 1], ':', 1, true) or 0
     local age = now - (tonumber(string.sub(workers[i + 1], 1, sep - 1)) or 0)
-    if age >= forget then
+    if sep == 0 or age >= forget then
       redis.call('HDEL', KEYS[4], workers[i])
     elseif age > lapse then
       alone = alone + (tonumber(string.sub(workers[i + 1], sep + 1)) or 0)
@@ -171,19 +184,17 @@ local ttl = math.ceil((new_tat - now) / 1000) + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', new_tat), 'interval',
   string.format('%.0f', stored), 'at', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl))
-local slow = redis.call('HMGET', KEYS[3], 'excess', 'at')
-local slowdown = 1
-if slow[1] and slow[2] then
-  local age = math.max(0, now - tonumber(slow[2]))
-  slowdown = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
-end
+local slowdown = 1 + excess(KEYS[3], now, ARGV[3])
 return {slot - now, tostring(slowdown), string.format('%.0f', other),
   string.format('%.0f', stepped), live}
 """
+)
 
 # A pause never shortens a longer one (its key expires when it ends); a slowdown never lowers
 # the current, decayed one (its key expires once the excess has decayed to nothing).
-PAUSE_SCRIPT: Final = """
+PAUSE_SCRIPT: Final = (
+    _EXCESS
+    + """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -197,20 +208,13 @@ if length > 0 then
   end
 end
 local factor = tonumber(ARGV[2])
-if factor > 1 then
-  local slow = redis.call('HMGET', KEYS[2], 'excess', 'at')
-  local current = 1
-  if slow[1] and slow[2] then
-    local age = math.max(0, now - tonumber(slow[2]))
-    current = 1 + tonumber(slow[1]) * math.pow(0.5, age / tonumber(ARGV[3]))
-  end
-  if factor > current then
-    redis.call('HSET', KEYS[2], 'excess', tostring(factor - 1), 'at', string.format('%.0f', now))
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  end
+if factor > 1 and factor > 1 + excess(KEYS[2], now, ARGV[3]) then
+  redis.call('HSET', KEYS[2], 'excess', tostring(factor - 1), 'at', string.format('%.0f', now))
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
 end
 return 1
 """
+)
 
 # A worker that may pace alone, idle for a store, says it is alive (KEYS: workers; ARGV: worker
 # id, fraction, forget ms) or, closing, that it is gone (fraction empty).
@@ -245,6 +249,15 @@ end
 if not current[2] then return {0, '', 0, 0} end
 return {version, current[2], string.format('%.0f', now - (tonumber(current[3]) or now)), 0}
 """
+# Keys of ours that hold another type than ours (KEYS, each with its type in ARGV), written by
+# someone else, are dropped as lost keys are.
+REPAIR_SCRIPT: Final = """
+for i, key in ipairs(KEYS) do
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= ARGV[i] then redis.call('DEL', key) end
+end
+return 1
+"""
 #: A learned record outlives its last change by a week in Redis (it is probed again after a day).
 _LEARNED_TTL_MS: Final = int(7 * LEARNED_MAX_AGE * 1000)
 
@@ -254,13 +267,26 @@ _FAILURES: Final = (RedisError, OSError)
 
 
 class _Script:
-    """A Lua script run by ``EVALSHA``, loaded on the server's first ``NOSCRIPT`` only."""
+    """A Lua script run by ``EVALSHA``, loaded on the server's first ``NOSCRIPT`` only.
+    ``kinds``: the type of each of its keys. A key of another type (someone else wrote it) is
+    dropped and the script run again: its ``WRONGTYPE`` would read as Redis failing, for every
+    store of the limiter, for as long as the key stays (it may never expire)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *kinds: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        self.kinds = list(kinds)
 
     async def __call__(self, client: RedisClient, keys: list[str], args: list[int | str]) -> Any:
+        try:
+            return await self._run(client, keys, args)
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc) or not self.kinds:
+                raise
+        await client.eval(REPAIR_SCRIPT, len(keys), *keys, *self.kinds)
+        return await self._run(client, keys, args)
+
+    async def _run(self, client: RedisClient, keys: list[str], args: list[int | str]) -> Any:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -268,10 +294,10 @@ class _Script:
             return await client.eval(self.source, len(keys), *keys, *args)
 
 
-_RESERVE: Final = _Script(RESERVE_SCRIPT)
-_PAUSE: Final = _Script(PAUSE_SCRIPT)
-_HEARTBEAT: Final = _Script(HEARTBEAT_SCRIPT)
-_EXCHANGE: Final = _Script(EXCHANGE_SCRIPT)
+_RESERVE: Final = _Script(RESERVE_SCRIPT, "hash", "string", "hash", "hash")
+_PAUSE: Final = _Script(PAUSE_SCRIPT, "string", "hash")
+_HEARTBEAT: Final = _Script(HEARTBEAT_SCRIPT, "hash")
+_EXCHANGE: Final = _Script(EXCHANGE_SCRIPT, "hash")
 
 
 def _escape(text: str) -> str:
@@ -366,6 +392,7 @@ class RedisPacing:
                     "url_or_client must be a redis://, rediss:// or unix:// URL"
                     f" or a redis.asyncio client, got {_redacted(url_or_client)!r}"
                 )
+            check_redis_url(url_or_client, where=f"url_or_client {_redacted(url_or_client)}")
             self._url = url_or_client
             self.where = _redacted(url_or_client)
         elif isinstance(url_or_client, aioredis.Redis | aioredis.RedisCluster):
@@ -676,7 +703,7 @@ class RedisPacing:
             await asyncio.sleep(self.recheck_after)
             try:
                 await _RESERVE(self.client(), keys, args)
-            except _FAILURES as exc:
+            except Exception as exc:  # whatever it is, the task goes on: it alone ends the outage
                 now = time.monotonic()
                 if self._down_level != logging.WARNING and now - self._down_logged_at >= _LOG_EVERY:
                     # An outage told at DEBUG only (it followed another closely) that lasts.

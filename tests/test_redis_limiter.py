@@ -41,6 +41,7 @@ from asyncsubs._retry import set_waiting
 from asyncsubs.errors import ConfigError, LimiterUnavailableError, RateLimitError
 from asyncsubs.limiting import PacingBackend
 from asyncsubs.redis import FORGET_AFTER, RedisLimiter, RedisPacing
+from asyncsubs.stores import check_redis_url
 from asyncsubs.testing import FakeAdminServer, ServerRateLimits
 from benchmarks.bench_redis import Proxy
 
@@ -185,6 +186,34 @@ async def test_script_is_reloaded_after_a_flush(
         assert await pacing.reserve("acme", "global", 5.0) == (0.0, 1.0)
         await redis.script_flush()  # as after a Redis restart or failover
         assert 5.0 - SLACK < await wait(pacing, "acme", "global", 5.0) <= 5.0
+    finally:
+        await pacing.aclose()
+
+
+async def test_a_key_of_another_type_is_dropped_not_failing_every_store(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Keys of ours that someone else overwrote with another type, or with values that are not
+    ours: Redis answered WRONGTYPE (or the script failed) at each reserve, which read as Redis
+    down for every store of the limiter, for good (such a key has no expiry)."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix, fallback_fraction=0.5)
+    keys = pacing.keys("acme", "global")
+    try:
+        await pacing.reserve("acme", "global", 0.001)
+        await redis.delete(*keys)
+        await redis.set(keys[0], "not-a-hash")
+        await redis.hset(keys[1], "not", "a-string")  # type: ignore[misc]
+        await redis.hset(keys[2], mapping={"excess": "x", "at": "y"})  # type: ignore[misc]
+        await redis.hset(pacing.workers_key("acme"), "other", "no-separator")  # type: ignore[misc]
+        for store in ("acme", "globex", "acme"):
+            assert await pacing.reserve(store, "global", 0.001) == (
+                pytest.approx(0, abs=0.002),
+                1.0,
+            )
+        await pacing.pause("acme", "global", 0.5, 1.5)  # the pause script reads them too
+        assert not pacing._down
+        assert await redis.type(keys[0]) == b"hash"
+        assert await redis.hget(pacing.workers_key("acme"), "other") is None  # type: ignore[misc]
     finally:
         await pacing.aclose()
 
@@ -857,9 +886,7 @@ def test_bad_configuration_is_a_config_error(
     ("url", "where"),
     [
         ("redis://user:hunter2@cache.internal:6380/2", "redis://cache.internal:6380/2"),
-        ("redis://default:hunter2/abcd@cache.internal", "redis://cache.internal"),
-        ("redis://:hunter2#xy@cache.internal", "redis://cache.internal"),
-        ("redis://cache.internal:hunter2", "redis://cache.internal"),
+        ("redis://default:hunter2%2Fabcd@cache.internal", "redis://cache.internal"),
         ("redis://cache.internal/0?password=hunter2", "redis://cache.internal/0"),
         ("rediss://u:hunter2@[fe80::1]:7000/3", "rediss://[fe80::1]:7000/3"),
         ("unix://:hunter2@/run/redis.sock?db=1", "unix:///run/redis.sock"),
@@ -878,6 +905,28 @@ def test_a_malformed_url_shows_no_password_in_the_config_error() -> None:
         RedisLimiter("redis:/:hunter2@cache.internal")
     assert "hunter2" not in str(info.value)
     assert "redis://cache.internal" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://default:hunter2/abcd@cache.internal",  # a password's '/', '#' not encoded
+        "redis://:hunter2#xy@cache.internal",
+        "redis://cache.internal:hunter2",
+    ],
+)
+def test_a_url_redis_py_cannot_read_is_a_config_error_up_front(url: str) -> None:
+    """Accepted, it failed at the first request, in a background task's unretrieved
+    exception that quoted the password (and a fallback paced on as if Redis were down)."""
+    shown = []
+    for check in (RedisLimiter, check_redis_url):
+        with pytest.raises(ConfigError, match="port is not a number") as info:
+            check(url)
+        assert "hunter2" not in str(info.value)
+        assert info.value.__cause__ is None
+        assert info.value.__context__ is None
+        shown.append(str(info.value))
+    assert "redis://cache.internal" in shown[0]
 
 
 async def test_tls_against_a_plain_port_says_so(redis_server: RedisServer) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from .. import Limits, Rate, RetryPolicy
-from .._config import MAX_STARTS
+from .._config import MAX_STARTS, check_redis_url
 from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..webhooks import WebhookConfig
@@ -71,14 +71,6 @@ def parse_rate(value: object) -> Rate:
             too_many = n > MAX_STARTS  # type: ignore[operator]
             what = f"at most {MAX_STARTS:,} requests" if too_many else "a period of seconds > 0"
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
-
-
-def check_redis_url(url: object, *, where: str = "redis") -> str:
-    """A ``redis://``, ``rediss://`` or ``unix://`` URL, or ConfigError never echoing it (it
-    may hold a password)."""
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
-    return url
 
 
 def check_base_url(url: object, version: str, allow_insecure: bool, *, insecure_hint: str) -> str:
