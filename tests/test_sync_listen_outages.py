@@ -85,9 +85,10 @@ class Listening:
 
 @contextlib.asynccontextmanager
 async def sync_listen(
-    config: Path, db: str, env: Mapping[str, str], *options: str
+    config: Path, db: str, env: Mapping[str, str], *options: str, ready: str | None = None
 ) -> AsyncIterator[Listening]:
-    """``sync --listen`` on ``db``, reconciling every 0.2 s, once its initial sync is done."""
+    """``sync --listen`` on ``db``, reconciling every 0.2 s, once its initial sync is done
+    (``ready``: once it said that, instead)."""
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", db),
         *("--listen", "127.0.0.1:0", "--reconcile-every", "0.2", *options),
@@ -97,7 +98,7 @@ async def sync_listen(
     )
     listening = Listening(proc)
     try:
-        await listening.until("initial sync done")
+        await listening.until(ready or "initial sync done")
         yield listening
     finally:
         if proc.returncode is None:
@@ -248,33 +249,23 @@ async def started_while_broken(
     (twice: it went on after the first) and waits; after ``repair`` it runs its initial sync and
     applies a delivery. Returns what it wrote on stderr."""
     await fault()
-    async with fake_server(seed=33) as server:
-        config = write_config(tmp_path, server)
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", db),
-            *("--listen", "127.0.0.1:0", "--reconcile-every", "0.2", *options),
-            env={**os.environ, **environment(server)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        listening = Listening(proc)
-        try:
-            said = r"opening the database failed: database \S+: .*; trying again in"
-            await listening.until(said)
-            await listening.until(said)
-            await repair()
-            await listening.until(r"database \S+ opened after \d+ failed attempts")
-            await listening.until("initial sync done")
-            sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:1])
-            async with aiohttp.ClientSession() as session:
-                await sender.send(session)
-            await applied(read, sender.acknowledged)
-            out, text = await listening.stop()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert proc.returncode == 143, text
+    said = r"opening the database failed: database \S+: .*; trying again in"
+    async with (
+        fake_server(seed=33) as server,
+        sync_listen(
+            write_config(tmp_path, server), db, environment(server), *options, ready=said
+        ) as listening,
+    ):
+        await listening.until(said)
+        await repair()
+        await listening.until(r"database \S+ opened after \d+ failed attempts")
+        await listening.until("initial sync done")
+        sender = Sender(listening.urls["acme"], server.records("acme", "customers")[:1])
+        async with aiohttp.ClientSession() as session:
+            await sender.send(session)
+        await applied(read, sender.acknowledged)
+        out, text = await listening.stop()
+    assert listening.proc.returncode == 143, text
     assert "Traceback" not in text
     assert "asyncsubs: error:" not in text, text
     assert re.search(r"^acme\s+\d", out, re.M)  # the summary, as after any stop
