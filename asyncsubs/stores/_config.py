@@ -50,9 +50,7 @@ __all__ = ["ConfigFileError", "incremental_filters", "load_config", "stores_from
 T = TypeVar("T")
 
 _ENV_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: A variable's name as people write them, upper-case words joined by ``_``: a token or secret
-#: pasted where its variable's name goes is rarely that.
-_SHOWN_ENV_RE: Final = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+_SHOWN_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _BARE_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _INCREMENTAL: Final = '{ param = "...", field = "..." }'
 _REQUIRED: Final = ("base_url", "token_env")
@@ -382,7 +380,9 @@ def _structure(
 def _shown_env(name: str) -> str:
     """A variable's name as a message shows it: not at all unless it reads as one (it may be a
     token pasted where its variable's name goes)."""
-    if _SHOWN_ENV_RE.fullmatch(name):
+    # As people write names: in upper case, with a "_" or short. A token or secret pasted
+    # there is rarely either.
+    if _SHOWN_ENV_RE.fullmatch(name) and ("_" in name or len(name) <= 8):
         return name
     return "(a name not like NAME_OF_VARIABLE, not shown: it may be a secret)"
 
