@@ -133,9 +133,12 @@ end
 # KEYS: gcra (hash: tat, interval, at: when written), pause, slowdown (hash: excess, at),
 # workers (hash: worker -> "at:fraction", one per store). ARGV: interval, idle ms, slowdown
 # half-life, configured interval (0: unknown), worker id, its fallback fraction (0: none),
-# lapse, forget ms, least share; times in microseconds. Returns {wait, slowdown, another
-# worker's configured interval or 0, how far Redis's clock went back since the key was
-# written or 0, the workers heard of within the lapse, this one included}.
+# lapse, forget ms, least share, this worker's last claim's end (0: none) and how far ahead it
+# was then, the workers it heard of before Redis lost them (0: none), the workers pacing the
+# store at its last reserve; times in microseconds.
+# Returns {wait, slowdown, another worker's configured interval or 0, how far Redis's clock
+# went back since the key was written or 0, the workers heard of within the lapse, this one
+# included, the claim's end, how far ahead it is}.
 RESERVE_SCRIPT: Final = (
     _EXCESS
     + """
@@ -164,11 +167,20 @@ for i = 1, #workers, 2 do
     end
   end
 end
+-- Redis lost the workers' entries (a restart): those heard of before that are not back yet
+-- may still pace alone, at this one's fraction.
+alone = math.max(alone, (tonumber(ARGV[12]) - live) * tonumber(ARGV[6]))
 redis.call('HSET', KEYS[4], ARGV[5], string.format('%.0f', now) .. ':' .. ARGV[6])
 redis.call('PEXPIRE', KEYS[4], ARGV[8])
 interval = interval / math.max(1 - alone, tonumber(ARGV[9]))
 local state = redis.call('HMGET', KEYS[1], 'tat', 'interval', 'at')
 local tat = tonumber(state[1]) or 0
+-- The key lost (a restart, a flush) while this worker's last claim is still ahead: the claims
+-- made before are about as far ahead as the queue was then, and each other worker may have
+-- claimed one more since; the new ones start after them.
+if not state[1] and tonumber(ARGV[10]) > now then
+  tat = now + tonumber(ARGV[11]) + (tonumber(ARGV[13]) - 1) * interval
+end
 local stored = tonumber(state[2]) or 0
 local other = 0
 if configured > 0 and stored > 0 and stored ~= configured then other = stored end
@@ -186,7 +198,8 @@ redis.call('HSET', KEYS[1], 'tat', string.format('%.0f', new_tat), 'interval',
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl))
 local slowdown = 1 + excess(KEYS[3], now, ARGV[3])
 return {slot - now, tostring(slowdown), string.format('%.0f', other),
-  string.format('%.0f', stepped), live}
+  string.format('%.0f', stepped), live, string.format('%.0f', new_tat),
+  string.format('%.0f', new_tat - now)}
 """
 )
 
@@ -419,6 +432,12 @@ class RedisPacing:
         self._next: dict[tuple[str, str], float] = {}
         self._mismatched: set[tuple[str, str]] = set()  # (store, pool) told once
         self._sharers: dict[str, int] = {}  # store -> workers pacing it, at the last reserve
+        # (store, pool) -> this worker's last claim's end (Redis's clock, us), how far ahead.
+        self._claimed: dict[tuple[str, str], tuple[int, int]] = {}
+        # After an outage, until _expected_until: store -> workers that paced it before. Redis
+        # may have lost their entries, and those not back yet may still pace alone.
+        self._expected: dict[str, int] = {}
+        self._expected_until = -math.inf
         # Down state: requests neither wait on Redis nor call it until the recheck succeeds.
         self._memory = MemoryPacing()  # fallback pacing while down
         self._down = False
@@ -526,6 +545,9 @@ class RedisPacing:
             _micros(self.lapse),
             _FORGET_MS,
             repr(_LEAST_SHARE),
+            *self._claimed.get((store, pool), (0, 0)),
+            self._expected.get(store, 0) if time.monotonic() < self._expected_until else 0,
+            self._sharers.get(store, 1),
         ]
         try:
             reply = await _RESERVE(
@@ -534,6 +556,7 @@ class RedisPacing:
             wait, slowdown = int(reply[0]) / _US, float(reply[1])
             other, stepped = int(reply[2]), int(reply[3]) / _US
             self._sharers[store] = max(1, int(reply[4]))
+            self._claimed[store, pool] = (int(reply[5]), int(reply[6]))
         except (*_FAILURES, ValueError, TypeError, IndexError) as exc:  # or a malformed reply
             failure: Exception | None = exc
         else:
@@ -698,7 +721,7 @@ class RedisPacing:
         script on keys of its own (a PING can answer while scripts fail) until it works."""
         base = f"{self.prefix}:{{%probe}}"  # '%' never starts an escaped store name
         keys = [f"{base}:gcra", f"{base}:pause", f"{base}:slowdown", f"{base}:workers"]
-        args: list[int | str] = [1, 0, _HALF_LIFE_US, 0, self.worker, "0", 1, 1000, "1"]
+        args: list[int | str] = [1, 0, _HALF_LIFE_US, 0, self.worker, "0", 1, 1000, "1", 0, 0, 0, 1]
         while self._down:
             await asyncio.sleep(self.recheck_after)
             try:
@@ -716,6 +739,10 @@ class RedisPacing:
                     )
                 continue
             self._down = False
+            # Others that paced alone notice within their own recheck; till then (and for their
+            # first reserve) their fractions stay free, if Redis lost their entries.
+            self._expected = dict(self._sharers)
+            self._expected_until = time.monotonic() + self.recheck_after + 2 * self.timeout
             logger.log(
                 self._down_level,
                 "Redis rate limiter at %s answers again: pacing is shared again",

@@ -635,10 +635,64 @@ async def test_redis_failing_midway_and_coming_back(
         assert (
             abs(await wait(lenient, "acme", "global", 1.0) - (soonest - time.monotonic())) < SLACK
         )
-        assert 1.0 - SLACK < await wait(strict, "acme", "global", 1.0) <= 1.0
+        # The restarted server lost lenient's claim, still ahead: the pool's next slot is as
+        # far ahead as the queue was then (claimed + 1.0), and an interval for strict's claim
+        # since. Until strict is heard of again, lenient leaves it the share a worker pacing
+        # alone takes (its own, 0.25): its intervals are 1 / 0.75.
+        after = claimed + 1.0 + 2 * (1.0 / 0.75)
+        assert after - SLACK < await wait(strict, "acme", "global", 1.0) <= after
     finally:
         await strict.aclose()
         await lenient.aclose()
+
+
+async def test_claims_a_flush_lost_are_waited_out(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    """FLUSHALL (or a restart, an eviction) while claims are queued ahead: the next claim
+    starts after them (as far ahead as the queue was at this worker's last claim, and one
+    interval for each other worker's claim since), not beside them: an early start a claim."""
+    one, other = (
+        RedisPacing(redis_server.url, prefix=prefix),
+        RedisPacing(redis_server.url, prefix=prefix),
+    )
+    try:
+        waits = [await wait(p, "acme", "global", 0.5) for p in (one, other, one, other)]
+        assert waits == pytest.approx([0.0, 0.5, 1.0, 1.5], abs=SLACK)
+        await redis.delete(*one.keys("acme", "global"))
+        # The queue ran to 2.0 (other's last claim); without the rule, one's own hold: 1.5.
+        assert 2.0 - SLACK < await wait(one, "acme", "global", 0.5) <= 2.0
+    finally:
+        await one.aclose()
+        await other.aclose()
+
+
+async def test_workers_redis_lost_keep_their_share_until_heard_of_again(
+    own_redis_server: RedisServer, prefix: str
+) -> None:
+    """Redis restarted empty: a worker back from the outage leaves the share of each worker
+    that paced the store before and is not back yet (it may still pace alone) free."""
+    kwargs: dict[str, Any] = {"prefix": prefix, "recheck_after": 0.05, "fallback_fraction": 0.25}
+    back, behind = (
+        RedisPacing(own_redis_server.url, **kwargs),
+        RedisPacing(own_redis_server.url, **kwargs),
+    )
+    try:
+        await wait(back, "acme", "global", 0.001)
+        await wait(behind, "acme", "global", 0.001)
+        await wait(back, "acme", "global", 0.001)  # it has seen both
+        assert back.sharers("acme") == 2
+        own_redis_server.stop()
+        await back.reserve("acme", "global", 0.001)  # down: alone at its fraction
+        own_redis_server.start()
+        assert back._probe is not None
+        await asyncio.wait_for(back._probe, 5)
+        # A pool it did not pace alone (no start of its own to hold back for).
+        assert await wait(back, "acme", "orders", 1.0) == 0.0
+        assert 1 / 0.75 - SLACK < await wait(back, "acme", "orders", 1.0) <= 1 / 0.75
+    finally:
+        await back.aclose()
+        await behind.aclose()
 
 
 async def test_a_stopped_redis_fails_a_pools_queue_at_once(
