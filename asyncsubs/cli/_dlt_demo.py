@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     else:
         return 0
+    # dlt's pull of an async generator stopped by Ctrl-C may leave a coroutine of its own never
+    # awaited; Python would say so as the process exits, a line that means nothing to the user.
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
     print(f"{parser.prog}: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
 
