@@ -309,6 +309,36 @@ async def test_a_postgresql_down_at_start_is_waited_for(
     assert "no answer" in text or "connection" in text, text
 
 
+@pytest.mark.parametrize("wrong", ["database", "role"])
+async def test_a_database_no_wait_mends_is_not_waited_for(
+    tmp_path: Path, postgres_server: PostgresServer, wrong: str
+) -> None:
+    """A database or role that does not exist is a mistake in the URL, not an outage: the
+    service says so at once and exits 1, as before it waited for databases at its start."""
+    url = postgres_server.url("no_such_database")
+    if wrong == "role":
+        url = postgres_server.url().replace("asyncsubs@", "no_such_role@")
+    async with fake_server(seed=38) as server:
+        config = write_config(tmp_path, server)
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", url),
+            *("--listen", "127.0.0.1:0", "--db-timeout", "30"),
+            env={**os.environ, **environment(server)},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(20):  # well before the 30 s it would wait in vain
+                _, raw = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    err = raw.decode()
+    assert proc.returncode == 1, err
+    assert f'"no_such_{wrong}" does not exist' in err
+    assert "trying again" not in err
+
+
 async def test_a_database_locked_past_the_busy_timeout_fails_pulls_not_the_service(
     tmp_path: Path,
 ) -> None:

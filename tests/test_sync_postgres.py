@@ -280,6 +280,25 @@ async def test_both_sinks_keep_integers_beyond_64_bits_exactly(sink_url: str) ->
     assert raw == records
 
 
+async def test_an_open_that_fails_leaves_no_pool_and_opens_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open that fails after its pool opened (the schema: a lock timeout, say) closes the
+    pool: a service trying again leaked one each time, with its connections and tasks."""
+    import asyncsubs.sync.postgres as postgres
+
+    sink = PostgresSink(pg_url, timeout=5)
+    monkeypatch.setattr(postgres, "_SCHEMA", ["SELECT * FROM no_such_table_here"])
+    with pytest.raises(DatabaseError, match="no_such_table_here"):
+        await sink.open()
+    failed = sink._pool
+    assert failed.closed
+    monkeypatch.undo()
+    async with sink:
+        assert await sink.count("acme", "orders") == 0
+    assert sink._pool is not failed
+
+
 async def test_concurrent_first_runs_create_the_schema_once(pg_url: str) -> None:
     sinks = [PostgresSink(pg_url) for _ in range(6)]
     try:

@@ -185,6 +185,22 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
 
 
+#: What a server says of a connection it refuses for good (a database, role or credential that
+#: is wrong), unlike one starting up or out of connection slots. It sends no SQLSTATE a client
+#: can read then; a message in another language reads as a passing failure, and is retried.
+_REFUSED_FOR_GOOD: Final = (
+    "does not exist",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "no password supplied",
+)
+
+
+def _refused_for_good(exc: psycopg.Error) -> bool:
+    return any(words in str(exc) for words in _REFUSED_FOR_GOOD)
+
+
 class PostgresSink(SQLSink):
     """The ``Sink`` on PostgreSQL, and the ``Leases`` of its units for workers sharing it.
 
@@ -277,6 +293,9 @@ class PostgresSink(SQLSink):
                 return await conn.close()
             except (psycopg.Error, TimeoutError) as exc:
                 waited = loop.time() - start
+                if isinstance(exc, psycopg.Error) and _refused_for_good(exc):
+                    problem = str(self._error(exc))
+                    break
                 if waited + delay >= self.timeout:
                     why = f"database {self.where}: no answer"
                     if isinstance(exc, psycopg.Error):
@@ -286,6 +305,7 @@ class PostgresSink(SQLSink):
                     ) from None
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
+        raise DatabaseError(problem)  # no wait mends it: said at once, never tried again
 
     async def open(self) -> None:
         await self._reach()
@@ -295,12 +315,16 @@ class PostgresSink(SQLSink):
         except (psycopg.Error, PoolTimeout) as exc:
             await self._pool.close()
             raise self._error(exc) from None
-        # Concurrent first runs: CREATE ... IF NOT EXISTS is not safe against itself, so
-        # workers create the schema one after the other.
-        async with self.transaction() as conn:
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            for statement in _SCHEMA:
-                await conn.execute(statement)
+        try:
+            # Concurrent first runs: CREATE ... IF NOT EXISTS is not safe against itself, so
+            # workers create the schema one after the other.
+            async with self.transaction() as conn:
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in _SCHEMA:
+                    await conn.execute(statement)
+        except BaseException:
+            await self._pool.close()  # another open() makes its own
+            raise
 
     async def aclose(self) -> None:
         if self._listen is not None:
