@@ -172,14 +172,16 @@ end
 alone = math.max(alone, (tonumber(ARGV[12]) - live) * tonumber(ARGV[6]))
 redis.call('HSET', KEYS[4], ARGV[5], string.format('%.0f', now) .. ':' .. ARGV[6])
 redis.call('PEXPIRE', KEYS[4], ARGV[8])
+local shared = interval
 interval = interval / math.max(1 - alone, tonumber(ARGV[9]))
 local state = redis.call('HMGET', KEYS[1], 'tat', 'interval', 'at')
 local tat = tonumber(state[1]) or 0
 -- The key lost (a restart, a flush) while this worker's last claim is still ahead: the claims
--- made before are about as far ahead as the queue was then, and each other worker may have
--- claimed one more since; the new ones start after them.
+-- made before end with it (no later than it was ahead then, should the clock have stepped)
+-- but for one an other worker may have made since, at the pace they were made at.
 if not state[1] and tonumber(ARGV[10]) > now then
-  tat = now + tonumber(ARGV[11]) + (tonumber(ARGV[13]) - 1) * interval
+  tat = math.min(tonumber(ARGV[10]), now + tonumber(ARGV[11]))
+    + (tonumber(ARGV[13]) - 1) * shared
 end
 local stored = tonumber(state[2]) or 0
 local other = 0

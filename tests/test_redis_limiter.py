@@ -594,6 +594,7 @@ async def test_redis_failing_midway_and_coming_back(
         assert await strict.reserve("acme", "global", 1.0) == (0.0, 1.0)
         claimed = await wait(lenient, "acme", "global", 1.0)
         assert 1.0 - SLACK < claimed <= 1.0
+        claim_end = time.monotonic() + claimed + 1.0  # as Redis holds it, give or take SLACK
         # lenient's next start, at the soonest: an interval after the slot it claimed in Redis.
         soonest = time.monotonic() + claimed + 1.0
         own_redis_server.stop()
@@ -635,12 +636,12 @@ async def test_redis_failing_midway_and_coming_back(
         assert (
             abs(await wait(lenient, "acme", "global", 1.0) - (soonest - time.monotonic())) < SLACK
         )
-        # The restarted server lost lenient's claim, still ahead: the pool's next slot is as
-        # far ahead as the queue was then (claimed + 1.0), and an interval for strict's claim
-        # since. Until strict is heard of again, lenient leaves it the share a worker pacing
-        # alone takes (its own, 0.25): its intervals are 1 / 0.75.
-        after = claimed + 1.0 + 2 * (1.0 / 0.75)
-        assert after - SLACK < await wait(strict, "acme", "global", 1.0) <= after
+        # The restarted server lost lenient's claim, still ahead: the pool's next slot is after
+        # it, and an interval for a claim strict may have made since. Until strict is heard of
+        # again, lenient leaves it the share a worker pacing alone takes (its own, 0.25): its
+        # own interval is 1 / 0.75.
+        after = claim_end - time.monotonic() + 1.0 + 1.0 / 0.75
+        assert abs(await wait(strict, "acme", "global", 1.0) - after) < SLACK
     finally:
         await strict.aclose()
         await lenient.aclose()
@@ -650,8 +651,8 @@ async def test_claims_a_flush_lost_are_waited_out(
     redis_server: RedisServer, redis: aioredis.Redis, prefix: str
 ) -> None:
     """FLUSHALL (or a restart, an eviction) while claims are queued ahead: the next claim
-    starts after them (as far ahead as the queue was at this worker's last claim, and one
-    interval for each other worker's claim since), not beside them: an early start a claim."""
+    starts after them (this worker's last claim, and an interval for each other worker's
+    claim since), not beside them: an early start a claim."""
     one, other = (
         RedisPacing(redis_server.url, prefix=prefix),
         RedisPacing(redis_server.url, prefix=prefix),
@@ -665,6 +666,23 @@ async def test_claims_a_flush_lost_are_waited_out(
     finally:
         await one.aclose()
         await other.aclose()
+
+
+async def test_a_lost_key_is_waited_out_as_far_as_the_claims_go(
+    redis_server: RedisServer, redis: aioredis.Redis, prefix: str
+) -> None:
+    """The claims a lost key held end where they end: time passed since the last of them is
+    not waited again, nor, where others share the pool, at the pace of a share left free."""
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        waits = [await wait(pacing, "acme", "global", 0.1) for _ in range(10)]
+        assert waits[-1] == pytest.approx(0.9, abs=SLACK)
+        ends = time.monotonic() + 1.0
+        await asyncio.sleep(0.5)  # time passing, not a synchronisation
+        await redis.delete(*pacing.keys("acme", "global"))
+        assert abs(await wait(pacing, "acme", "global", 0.1) - (ends - time.monotonic())) < SLACK
+    finally:
+        await pacing.aclose()
 
 
 async def test_workers_redis_lost_keep_their_share_until_heard_of_again(
