@@ -35,16 +35,20 @@ def check_redis_url(url: object, *, where: str = "redis") -> str:
     saying of ``where`` what is wrong, never echoing it (it may hold a password)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
+    parts = urlsplit(url)  # as redis-py reads it
     try:
-        _ = urlsplit(url).port  # as redis-py reads it: else it fails at the first request
+        _ = parts.port  # else it fails at the first request
     except ValueError:  # its message quotes what it took for the port: a password, maybe
-        readable = False
+        problem = "the URL's port is not a number"
     else:
-        readable = True
-    if not readable:
+        # A password's "/", "?" or "#" ends the address early: the rest, "@" and all, would be
+        # read as a path, query or fragment, and another host reached, without the password.
+        at = "@" in parts.path + parts.query + parts.fragment
+        problem = "an '@' after the address" if at else ""
+    if problem:
         raise ConfigError(
-            "the URL's port is not a number (is there a password holding '/', '?', '#' or "
-            "'@'? write those percent-encoded: %2F, %3F, %23, %40)",
+            f"{problem} (is there a password holding '/', '?', '#' or '@'? write those "
+            "percent-encoded: %2F, %3F, %23, %40)",
             key=where,
         )
     return url

@@ -495,6 +495,8 @@ def test_usage_and_config_errors_exit_2(args: list[str], message: str, capsys: A
         (["sync", "--config", "s.toml", "--db", "x.db", "--token", "T"], "--token ..."),
         (["pull", "orders", "--tokn=T", "--base-url", "https://x.example"], "--tokn=..."),
         (["sync-status", "--db", "x.db", "T"], "..."),
+        (["sync", "--config", "s.toml", "--db", "x.db", "-tT"], "-t..."),
+        (["sync", "--config", "s.toml", "--db", "x.db", "--token", "-T"], "--token -t..."),
     ],
 )
 def test_arguments_no_command_takes_are_named_without_their_values(
@@ -503,10 +505,25 @@ def test_arguments_no_command_takes_are_named_without_their_values(
     """A token given to a command that reads tokens from the environment, or after a mistyped
     option, is not repeated on stderr (which CI logs keep)."""
     token = "tok-0123456789-secret"
-    assert main([token if arg == "T" else arg.replace("=T", f"={token}") for arg in args]) == 2
+    assert main([arg.replace("T", token) if "T" in arg else arg for arg in args]) == 2
     err = capsys.readouterr().err
     assert f"asyncsubs: error: unrecognized arguments: {shown} (values not shown)\n" in err
     assert token not in err
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("--re=T", "ambiguous option: --re=... could match --redis, --redis-fallback"),
+        ("--quiet=T", "argument -q/--quiet: ignored explicit argument\n"),
+    ],
+)
+def test_argparse_own_errors_do_not_quote_a_value(given: str, said: str, capsys: Any) -> None:
+    secret = "redis://:pw-0123456789@cache.internal"
+    assert main(["sync", "--config", "s.toml", "--db", "x.db", given.replace("T", secret)]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "pw-0123456789" not in err
 
 
 def test_a_failed_command_pickles_with_its_lines_and_code() -> None:

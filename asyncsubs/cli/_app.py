@@ -65,10 +65,15 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
 def _unrecognized(extra: Sequence[str]) -> str:
     """Arguments no command takes, as an error shows them: options by name, no value (it may
     be a token given to a command that reads tokens from the environment)."""
-    shown = [
-        arg.partition("=")[0] + "=..." * ("=" in arg) if arg.startswith("-") else "..."
-        for arg in extra
-    ]
+    shown = []
+    for arg in extra:
+        name, equals, _ = arg.partition("=")
+        if re.fullmatch(r"--[A-Za-z][\w-]*", name):
+            shown.append(name + "=..." * bool(equals))
+        elif re.fullmatch(r"-[A-Za-z]", arg):
+            shown.append(arg)
+        else:  # "-tVALUE", "-VALUE", a bare word: a value, or one stuck to its option
+            shown.append(arg[:2] + "..." if re.match(r"-[A-Za-z]", arg) else "...")
     hidden = " (values not shown)" if "..." in " ".join(shown) else ""
     return f"unrecognized arguments: {' '.join(shown)}{hidden}"
 

@@ -11,9 +11,10 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from ..errors import ConfigError
 from ..stores import parse_rate
@@ -117,6 +118,13 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes what it cannot place, values and all: a token or a Redis URL's
+        # password given where it is not read.
+        message = re.sub(r"^(ambiguous option: [^=\s]+)=\S+", r"\1=...", message)
+        message = re.sub(r"ignored explicit argument .*$", "ignored explicit argument", message)
+        super().error(message)
 
 
 def output_options() -> Parser:
