@@ -21,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -434,6 +435,54 @@ def test_sync_into_postgres_then_rerun_and_status(
         assert part in line, text
     assert "9 units in" in text
     assert "8 done, 1 running" in text
+
+
+def test_a_store_added_to_the_config_starts_a_round_of_every_unit(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, pg_url: str
+) -> None:
+    """The units new to the database are pending, but no round is open for the others: the
+    run pulls every store, as a rerun does, not the new one alone."""
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", pg_url, "--quiet"]
+    assert main([*args, "--store", "store-1", "--store", "store-2"]) == 0
+    server.clear_requests()
+    assert main(args) == 0
+    assert_exact(pg_url, server)
+    assert {r.store for r in server.requests} == set(STORES)
+
+
+def test_a_role_that_may_not_create_syncs_into_the_tables_made(
+    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, pg_url: str
+) -> None:
+    """A worker's role with rights on the tables and not on the schema (PostgreSQL 15's
+    default for others than the owner; a least-privilege setup) uses what is there."""
+    config = write_config(tmp_path, server)
+    assert main(["sync", "--config", str(config), "--db", pg_url, "--quiet"]) == 0
+    role = f"syncer_{uuid.uuid4().hex[:8]}"
+    database = pg_url.rsplit("/", 1)[1]
+    query(
+        pg_url,
+        f"CREATE ROLE {role} LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC;"
+        f" REVOKE CREATE ON DATABASE {database} FROM PUBLIC;"
+        f" GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};"
+        f" GRANT USAGE ON SCHEMA public TO {role}",
+    )
+    url = pg_url.replace("asyncsubs@", f"{role}@")
+    server.clear_requests()
+    assert main(["sync", "--config", str(config), "--db", url, "--quiet"]) == 0
+    assert_exact(pg_url, server)
+    assert {r.store for r in server.requests} == set(STORES)
+
+
+async def test_a_transaction_left_waiting_ends_after_the_lease(pg_url: str) -> None:
+    """A worker frozen inside a page's commit would keep its unit's rows locked, and every
+    other worker out, however long ago its lease ran out: the server ends the transaction."""
+    async with PostgresSink(pg_url, lease=12.0) as sink, sink.transaction() as conn:
+        cur = await conn.execute("SHOW idle_in_transaction_session_timeout")
+        assert (await cur.fetchone()) == ("12s",)
+    async with PostgresSink(pg_url, lease=0.5) as sink, sink.transaction() as conn:
+        cur = await conn.execute("SHOW idle_in_transaction_session_timeout")
+        assert (await cur.fetchone()) == ("5s",)  # never less: a busy worker is no frozen one
 
 
 def main_args(url: str) -> Any:

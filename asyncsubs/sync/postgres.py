@@ -181,8 +181,30 @@ def shown_url(url: str) -> str:
     return f"{scheme}://{user + '@' if at and user else ''}{host}{slash}{path}"
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute("SET TIME ZONE 'UTC'")
+#: Seconds a worker's transaction may wait on the worker, at the least: one frozen (a VM paused,
+#: SIGSTOP, a partition) inside a page's commit keeps its unit's rows locked, and so every
+#: other worker out of the unit and the round, however long ago its lease ran out; the server
+#: ends such a transaction after its lease, or this.
+_IDLE_IN_TRANSACTION: Final = 5.0
+
+
+_MADE_TABLE: Final = re.compile(r"\s*CREATE TABLE IF NOT EXISTS (\w+)")
+
+
+async def _made(conn: psycopg.AsyncConnection[Any], statement: str) -> bool:
+    """Whether what ``statement`` of the schema makes is there already, as it makes it: a
+    worker whose role may not create in the schema, or does not own what another's made,
+    uses it as it is (CREATE ... IF NOT EXISTS and CREATE OR REPLACE need those rights even
+    where they would change nothing)."""
+    if table := _MADE_TABLE.match(statement):
+        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table[1],))
+    else:  # the function: there with this very body (another version's is replaced)
+        cur = await conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s AND prosrc = %s)",
+            (OLDER, statement.split("$$")[1]),
+        )
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 #: What a server says of a connection it refuses for good (a database, role or credential that
@@ -242,6 +264,10 @@ class PostgresSink(SQLSink):
     def __repr__(self) -> str:
         return f"<PostgresSink {self.where} holder={self.holder}>"
 
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        idle = round(max(self.lease, _IDLE_IN_TRANSACTION) * 1000)
+        await conn.execute(f"SET TIME ZONE 'UTC'; SET idle_in_transaction_session_timeout = {idle}")
+
     def _new_pool(self) -> AsyncConnectionPool[Any]:
         # A pool opens once: each open() of the sink (a service trying again) makes its own.
         return AsyncConnectionPool(
@@ -250,7 +276,7 @@ class PostgresSink(SQLSink):
             max_size=POOL_SIZE,
             open=False,
             kwargs={"autocommit": True},
-            configure=_configure,
+            configure=self._configure,
             timeout=self.timeout,
             reconnect_timeout=self.timeout,
             name="asyncsubs",
@@ -321,7 +347,8 @@ class PostgresSink(SQLSink):
             async with self.transaction() as conn:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 for statement in _SCHEMA:
-                    await conn.execute(statement)
+                    if not await _made(conn, statement):
+                        await conn.execute(statement)
         except BaseException:
             await self._pool.close()  # another open() makes its own
             raise
@@ -409,6 +436,13 @@ class PostgresSink(SQLSink):
         params = self._params(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
+            # Counted before units new to the table (a store added to the config) are: they
+            # are pending, but no round is open for the others.
+            cur = await conn.execute(
+                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'",
+                params,
+            )
+            row = await cur.fetchone()
             cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
                 " SELECT s, r, 'pending' FROM unnest(%(stores)s::text[], %(resources)s::text[])"
@@ -416,11 +450,6 @@ class PostgresSink(SQLSink):
                 params,
             )
             added = cur.rowcount > 0
-            cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'",
-                params,
-            )
-            row = await cur.fetchone()
             if row and row[0]:
                 return added
             await conn.execute(
@@ -499,14 +528,24 @@ class PostgresSink(SQLSink):
         await self._write((release, (error, error, *unit, self.holder)), (f"NOTIFY {CHANNEL}", ()))
 
     async def release_all(self) -> None:
-        # Not for long: after a database error, the leases may as well expire.
-        async with self.transaction(timeout=2.0) as conn:
-            await conn.execute(
-                f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL WHERE holder = %s",
-                (self.holder,),
-            )
-            await conn.execute(f"DELETE FROM {WORKERS_TABLE} WHERE holder = %s", (self.holder,))
-            await conn.execute(f"NOTIFY {CHANNEL}")
+        # On a connection of its own: the pool's may be ones a restart of the server cut, and
+        # the leases would stay held until they expire. Not for long: after a database error,
+        # they may as well expire.
+        try:
+            async with asyncio.timeout(2.0):
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                async with conn, conn.transaction():
+                    await conn.execute(
+                        f"UPDATE {UNITS_TABLE} SET holder = NULL, lease_until = NULL"
+                        " WHERE holder = %s",
+                        (self.holder,),
+                    )
+                    await conn.execute(
+                        f"DELETE FROM {WORKERS_TABLE} WHERE holder = %s", (self.holder,)
+                    )
+                    await conn.execute(f"NOTIFY {CHANNEL}")
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
 
     async def pending_wait(self, units: Sequence[tuple[str, str]]) -> float | None:
         row = await self._one(
@@ -538,7 +577,7 @@ class PostgresSink(SQLSink):
         """Rows of ``sql`` on a connection of its own (no pool, no schema created)."""
         try:
             async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=10) as conn:
-                await _configure(conn)
+                await conn.execute("SET TIME ZONE 'UTC'")
                 return await (await conn.execute(sql)).fetchall()
         except psycopg.Error as exc:
             raise self._error(exc) from None
