@@ -451,6 +451,32 @@ def test_a_store_added_to_the_config_starts_a_round_of_every_unit(
     assert {r.store for r in server.requests} == set(STORES)
 
 
+def test_a_unit_another_worker_failed_is_said_by_every_worker(
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    pg_url: str,
+    capsys: Any,
+) -> None:
+    """A unit failed in this round by another worker (its token wrong, say): the workers that
+    did not pull it say so too, not only the one that did."""
+    config = write_config(tmp_path, server)
+    args = ["sync", "--config", str(config), "--db", pg_url, "--progress", "plain"]
+    assert main(args) == 0
+    capsys.readouterr()
+    query(  # a round open, one unit failed in it by a worker now gone
+        pg_url,
+        "UPDATE asyncsubs_sync_units SET state = CASE WHEN store = 'store-1' AND resource ="
+        " 'orders' THEN 'failed' ELSE 'pending' END, error = CASE WHEN store = 'store-1' AND"
+        " resource = 'orders' THEN 'AuthError: HTTP 401' END",
+    )
+    assert main(args) == 0  # this worker's own pulls went well
+    err = capsys.readouterr().err
+    said = "store-1/orders: failed in this round in another worker (pulled again next round)"
+    assert f"{said}: AuthError: HTTP 401" in err, err
+    assert err.count("failed in this round in another worker") == 1
+
+
 def test_a_role_that_may_not_create_syncs_into_the_tables_made(
     server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, pg_url: str
 ) -> None:

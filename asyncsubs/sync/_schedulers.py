@@ -117,16 +117,16 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
     slots = asyncio.Semaphore(engine.max_stores * max(len(c.resources) for c in engine.configs))
     clients = _Clients(engine)
     running: dict[tuple[str, str], asyncio.Task[None]] = {}
-    failed = claimed = 0
+    claimed = 0
+    failed: set[tuple[str, str]] = set()
 
     async def pull(unit: tuple[str, str]) -> None:
-        nonlocal failed
         store, resource = unit
         try:
             async with clients.of(by_store[store]) as client:
                 error = await engine.pull(client, by_store[store], resource)
             if error is not None:
-                failed += 1
+                failed.add(unit)
                 await leases.release(unit, error=error)  # not retried this round
         finally:
             running.pop(unit, None)
@@ -166,9 +166,15 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
         if not claimed:
             held = f"other workers held all {len(units)} units of the round until they finished"
             engine.observe(WorkerIdle(f"this worker pulled nothing: {held} them"))
+        # Said by every worker of the round, not only by the one whose pull failed (its
+        # token, say): each one's summary would otherwise call the round done.
+        for (store, resource), error in (await leases.failures(units)).items():
+            if (store, resource) not in failed:
+                said = f"failed in this round in another worker (pulled again next round): {error}"
+                engine.observe(Message(f"{store}/{resource}: {said}"))
     except BaseExceptionGroup as group_exc:
         raise _first(group_exc) from None
     finally:
         with contextlib.suppress(Exception):
             await asyncio.shield(leases.release_all())
-    return failed
+    return len(failed)

@@ -568,5 +568,9 @@ class Leases(Protocol):
         lease may expire."""
         ...
 
+    async def failures(self, units: Sequence[Unit]) -> dict[Unit, str]:
+        """The units of ``units`` that failed in this round (by any worker), with their error."""
+        ...
+
     async def wait_for_release(self, timeout: float) -> None:
         """Return when a unit is released or finished by any worker, or after ``timeout``."""

@@ -558,6 +558,14 @@ class PostgresSink(SQLSink):
             return None
         return self.lease if row[1] is None else max(0.0, float(row[1]))
 
+    async def failures(self, units: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        rows = await self._rows(
+            f"SELECT store, resource, error FROM {UNITS_TABLE}"
+            f" WHERE {_IN_UNITS} AND state = 'failed'",
+            self._params(units),
+        )
+        return {(row[0], row[1]): row[2] or "" for row in rows}
+
     async def wait_for_release(self, timeout: float) -> None:
         try:
             if self._listen is None:
