@@ -177,8 +177,8 @@ interval = interval / math.max(1 - alone, tonumber(ARGV[9]))
 local state = redis.call('HMGET', KEYS[1], 'tat', 'interval', 'at')
 local tat = tonumber(state[1]) or 0
 -- The key lost (a restart, a flush) while this worker's last claim is still ahead: the claims
--- made before end with it (no later than it was ahead then, should the clock have stepped)
--- but for one an other worker may have made since, at the pace they were made at.
+-- made before end with it (or as far ahead as it was then, should the clock have stepped
+-- back), plus one for each other worker, which may have claimed since, at the shared pace.
 if not state[1] and tonumber(ARGV[10]) > now then
   tat = math.min(tonumber(ARGV[10]), now + tonumber(ARGV[11]))
     + (tonumber(ARGV[13]) - 1) * shared
