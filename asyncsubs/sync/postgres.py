@@ -198,11 +198,13 @@ async def _made(conn: psycopg.AsyncConnection[Any], statement: str) -> bool:
     where they would change nothing)."""
     if table := _MADE_TABLE.match(statement):
         cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table[1],))
-    else:  # the function: there with this very body (another version's is replaced)
+    elif statement.count("$$") == 2:  # the function: with this very body (not another's)
         cur = await conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s AND prosrc = %s)",
             (OLDER, statement.split("$$")[1]),
         )
+    else:
+        return False
     row = await cur.fetchone()
     return bool(row and row[0])
 
