@@ -472,9 +472,45 @@ def test_a_unit_another_worker_failed_is_said_by_every_worker(
     )
     assert main(args) == 0  # this worker's own pulls went well
     err = capsys.readouterr().err
-    said = "store-1/orders: failed in this round in another worker (pulled again next round)"
+    said = "store-1/orders: failed, and not pulled in this round (a new round will)"
     assert f"{said}: AuthError: HTTP 401" in err, err
-    assert err.count("failed in this round in another worker") == 1
+    assert err.count("not pulled in this round") == 1
+
+
+async def test_a_worker_with_a_store_swapped_joins_the_round_open(pg_url: str) -> None:
+    """A round is open (another worker pulls s2) when a worker whose config has s3 in place of
+    s2 starts: it joins it, its new unit with it, and s1, done in this round, stays done (pulled
+    twice in it, otherwise); with no round open anywhere, its units all start over."""
+    one, other = PostgresSink(pg_url, holder="one"), PostgresSink(pg_url, holder="other")
+    async with one, other:
+        assert await one.join_round([("s1", "orders"), ("s2", "orders")])
+        query(pg_url, "UPDATE asyncsubs_sync_units SET state = 'done' WHERE store = 's1'")
+        assert await other.join_round([("s1", "orders"), ("s3", "orders")])  # s3 added
+        assert units(pg_url)[("s1", "orders")][0] == "done"
+        assert units(pg_url)[("s3", "orders")][0] == "pending"
+        query(pg_url, "UPDATE asyncsubs_sync_units SET state = 'done'")
+        assert await other.join_round([("s1", "orders"), ("s3", "orders"), ("s4", "orders")])
+        assert {unit: state for unit, (state, _) in units(pg_url).items()} == {
+            ("s1", "orders"): "pending",
+            ("s2", "orders"): "done",
+            ("s3", "orders"): "pending",
+            ("s4", "orders"): "pending",
+        }
+
+
+async def test_the_tables_are_made_in_the_schema_the_worker_creates_in(pg_url: str) -> None:
+    """An application's own "orders" elsewhere on the search path is not taken for the sync's:
+    the tables, and the function, are looked for where the statements would make them."""
+    query(pg_url, "CREATE TABLE public.orders (number int); CREATE SCHEMA tenant_a")
+    url = f"{pg_url}?options=-csearch_path%3Dtenant_a,public"
+    record = {"id": 1, "updatedAt": "2026-01-01T00:00:00Z"}
+    async with PostgresSink(url) as sink:
+        assert await sink.upsert_record("s1", "orders", record)
+        assert await sink.count("s1", "orders") == 1
+    sql = "SELECT table_schema FROM information_schema.tables WHERE table_name = %s ORDER BY 1"
+    assert query(pg_url, sql, ("orders",)) == [("public",), ("tenant_a",)]
+    functions = "SELECT pronamespace::regnamespace::text FROM pg_proc WHERE proname = %s"
+    assert query(pg_url, functions, ("asyncsubs_older",)) == [("tenant_a",)]
 
 
 def test_a_role_that_may_not_create_syncs_into_the_tables_made(

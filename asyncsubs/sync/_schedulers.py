@@ -166,11 +166,11 @@ async def _with_workers(engine: SyncEngine, leases: Leases) -> int:
         if not claimed:
             held = f"other workers held all {len(units)} units of the round until they finished"
             engine.observe(WorkerIdle(f"this worker pulled nothing: {held} them"))
-        # Said by every worker of the round, not only by the one whose pull failed (its
-        # token, say): each one's summary would otherwise call the round done.
+        # Said by every worker, not only by the one whose pull failed (its token, say), in
+        # this round or one before: each one's summary would otherwise call its units done.
         for (store, resource), error in (await leases.failures(units)).items():
             if (store, resource) not in failed:
-                said = f"failed in this round in another worker (pulled again next round): {error}"
+                said = f"failed, and not pulled in this round (a new round will): {error}"
                 engine.observe(Message(f"{store}/{resource}: {said}"))
     except BaseExceptionGroup as group_exc:
         raise _first(group_exc) from None

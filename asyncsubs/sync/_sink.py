@@ -569,7 +569,8 @@ class Leases(Protocol):
         ...
 
     async def failures(self, units: Sequence[Unit]) -> dict[Unit, str]:
-        """The units of ``units`` that failed in this round (by any worker), with their error."""
+        """The units of ``units`` left failed (by any worker, in this round or an earlier one
+        that did not start them over), with their error."""
         ...
 
     async def wait_for_release(self, timeout: float) -> None:

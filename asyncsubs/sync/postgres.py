@@ -196,11 +196,17 @@ async def _made(conn: psycopg.AsyncConnection[Any], statement: str) -> bool:
     worker whose role may not create in the schema, or does not own what another's made,
     uses it as it is (CREATE ... IF NOT EXISTS and CREATE OR REPLACE need those rights even
     where they would change nothing)."""
+    # In the schema the statement would create it in, not anywhere on the search path (an
+    # application's own "orders" in public, another deployment's schema).
     if table := _MADE_TABLE.match(statement):
-        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table[1],))
+        cur = await conn.execute(
+            "SELECT to_regclass(format('%%I.%%I', current_schema(), %s::text)) IS NOT NULL",
+            (table[1],),
+        )
     elif statement.count("$$") == 2:  # the function: with this very body (not another's)
         cur = await conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s AND prosrc = %s)",
+            "SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = %s AND prosrc = %s"
+            " AND pronamespace = to_regnamespace(current_schema()))",
             (OLDER, statement.split("$$")[1]),
         )
     else:
@@ -267,7 +273,7 @@ class PostgresSink(SQLSink):
         return f"<PostgresSink {self.where} holder={self.holder}>"
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        idle = round(max(self.lease, _IDLE_IN_TRANSACTION) * 1000)
+        idle = min(round(max(self.lease, _IDLE_IN_TRANSACTION) * 1000), 2**31 - 1)  # an int4
         await conn.execute(f"SET TIME ZONE 'UTC'; SET idle_in_transaction_session_timeout = {idle}")
 
     def _new_pool(self) -> AsyncConnectionPool[Any]:
@@ -439,12 +445,14 @@ class PostgresSink(SQLSink):
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
             # Counted before units new to the table (a store added to the config) are: they
-            # are pending, but no round is open for the others.
+            # are pending, but no round is open for the others; unless one is open elsewhere
+            # (a worker whose config lacks the new store), which they join.
             cur = await conn.execute(
-                f"SELECT count(*) FROM {UNITS_TABLE} WHERE {_IN_UNITS} AND state = 'pending'",
+                f"SELECT count(*) FILTER (WHERE {_IN_UNITS}), count(*) FROM {UNITS_TABLE}"
+                " WHERE state = 'pending'",
                 params,
             )
-            row = await cur.fetchone()
+            mine, anywhere = await cur.fetchone() or (0, 0)
             cur = await conn.execute(
                 f"INSERT INTO {UNITS_TABLE} (store, resource, state)"
                 " SELECT s, r, 'pending' FROM unnest(%(stores)s::text[], %(resources)s::text[])"
@@ -452,7 +460,7 @@ class PostgresSink(SQLSink):
                 params,
             )
             added = cur.rowcount > 0
-            if row and row[0]:
+            if mine or (added and anywhere):
                 return added
             await conn.execute(
                 f"UPDATE {UNITS_TABLE} SET state = 'pending', error = NULL WHERE {_IN_UNITS}",
