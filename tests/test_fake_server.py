@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from asyncsubs.testing import (
     Reviser,
     ServerRateLimits,
     run_in_process,
+    serve_in_thread,
 )
 from asyncsubs.testing._data import RESOURCES
 
@@ -170,6 +172,57 @@ async def test_reprs_of_requests_and_stores_never_show_a_token(
         assert token not in repr(record)
         assert "'X-Service-Token': '***'" in repr(record)
         assert token not in repr(server.store("acme")) + repr(FakeStoreConfig("a", token=token))
+
+
+async def test_arguments_a_test_could_not_mean_are_refused_at_once(
+    session: aiohttp.ClientSession,
+) -> None:
+    """Each of these was taken and misbehaved later: a scripted answer for ever (2.5 never
+    counts down to 0), a status line the client cannot read, a store that never matches, four
+    stores named a, c, m and e, a mutator failing only when the server closed."""
+    with pytest.raises(TypeError, match="got 'acme'"):
+        FakeAdminServer(stores="acme")  # type: ignore[arg-type]
+    async with unlimited() as server:
+        for times in (2.5, True, 0):
+            with pytest.raises(ValueError, match="times must be a whole number"):
+                server.enqueue(503, times=times)  # type: ignore[arg-type]
+        for status in (-5, 700, True):
+            with pytest.raises(ValueError, match="status must be an HTTP status"):
+                server.enqueue(status)
+        with pytest.raises(ValueError, match="no store 'acme-typo'"):
+            server.enqueue(503, store="acme-typo")
+        for interval in (-1, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="interval must be"):
+                server.mutator("acme").start(interval=interval)
+        assert (await call(session, server, "subscriptions")).status == 200  # nothing scripted
+
+
+async def test_a_page_size_of_thousands_of_digits_is_clamped(
+    session: aiohttp.ClientSession,
+) -> None:
+    """int() refuses more than 4,300 digits: the fake answered a plain-text 500."""
+    async with unlimited(max_page_size=100) as server:
+        reply = await call(session, server, "subscriptions", pageSize="9" * 5000)
+        assert reply.status == 200
+        assert len(reply.json["data"]) == 100
+        reply = await call(session, server, "subscriptions", pageSize="0" * 20 + "7")
+        assert len(reply.json["data"]) == 7
+
+
+def test_a_server_in_a_thread_that_fails_to_start_says_so_once() -> None:
+    """Raised in the caller's thread, not once more in the server's (which pytest reports as
+    an unhandled thread exception, its traceback run into the caller's)."""
+    hooks: list[BaseException | None] = []
+    previous, before = threading.excepthook, set(threading.enumerate())
+    threading.excepthook = lambda args: hooks.append(args.exc_value)
+    try:
+        with pytest.raises(ValueError, match="stores must be >= 1"), serve_in_thread(stores=0):
+            pass
+        for thread in set(threading.enumerate()) - before:
+            thread.join(10)  # the server's thread, ending
+    finally:
+        threading.excepthook = previous
+    assert hooks == []
 
 
 @pytest.mark.parametrize("page_size", [1, 7, 50, 137, 250])

@@ -162,8 +162,11 @@ class ScriptQueue:
         self._entries: list[_Script] = []
 
     def add(self, response: ScriptedResponse, times: int | None) -> None:
-        if times is not None and times < 1:
-            raise ValueError("times must be >= 1 or None (until cleared)")
+        whole = isinstance(times, int) and not isinstance(times, bool)
+        if times is not None and not (whole and times >= 1):  # 2.5 would never run out
+            raise ValueError(
+                f"times must be a whole number >= 1 or None (until cleared), got {times!r}"
+            )
         self._entries.append(_Script(response, times))
 
     def take(self, method: str, path: str, store: str) -> ScriptedResponse | None:

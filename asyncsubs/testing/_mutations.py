@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -76,6 +77,14 @@ class Mutation:
     record_id: int
 
 
+def _check_run(steps: int | None, interval: float) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+        raise ValueError(f"steps must be an int >= 0 or None, got {steps!r}")
+    number = isinstance(interval, int | float) and not isinstance(interval, bool)
+    if not (number and interval >= 0 and math.isfinite(interval)):
+        raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}")
+
+
 class Mutator:
     """Applies seeded random changes to one ``FakeStore``.
 
@@ -137,10 +146,7 @@ class Mutator:
     async def run(self, steps: int | None = None, *, interval: float = 0.0) -> int:
         """Make ``steps`` changes (None: until cancelled or ``stop()``), sleeping ``interval``
         seconds after each (0: just yield, so webhook deliveries interleave); returns the count."""
-        if steps is not None and (isinstance(steps, bool) or steps < 0):
-            raise ValueError(f"steps must be an int >= 0 or None, got {steps!r}")
-        if interval < 0:
-            raise ValueError(f"interval must be >= 0, got {interval!r}")
+        _check_run(steps, interval)
         done = 0
         while steps is None or done < steps:
             self.step()
@@ -152,6 +158,7 @@ class Mutator:
         """``run`` in a background task (one at a time); ``stop()`` ends it."""
         if self._task is not None and not self._task.done():
             raise RuntimeError("this mutator is already running")
+        _check_run(steps, interval)  # here, not in a task that would say it at the server's close
         self._task = asyncio.create_task(self.run(steps, interval=interval))
         return self._task
 

@@ -75,6 +75,8 @@ def serve_in_thread(**server_kwargs: Any) -> Iterator[FakeAdminServer]:
         control["stop"] = stop = asyncio.Event()
         try:
             await serve(ready=ready.put, stop=stop, **server_kwargs)
+        except Exception as exc:  # raised in the caller's thread: said once, there
+            ready.put(exc)
         except BaseException as exc:
             ready.put(exc)
             raise

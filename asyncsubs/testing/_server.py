@@ -171,6 +171,8 @@ def _store_configs(stores: int | Iterable[FakeStoreConfig | str]) -> list[FakeSt
         if stores < 1:
             raise ValueError("stores must be >= 1")
         return [FakeStoreConfig(f"store-{i}") for i in range(1, stores + 1)]
+    if isinstance(stores, str):  # iterated, "acme" would be four stores: a, c, m, e
+        raise TypeError(f"stores must be a count or a list of configs/names, got {stores!r}")
     configs = [s if isinstance(s, FakeStoreConfig) else FakeStoreConfig(s) for s in stores]
     if not configs:
         raise ValueError("at least one store is needed")
@@ -534,6 +536,10 @@ class FakeAdminServer:
         ``/admin/{version}/`` (the full path works too) and matched exactly; None matches all.
         ``times=None`` keeps answering until ``clear_scripted()``.
         """
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError(f"status must be an HTTP status, 100-599, got {status!r}")
+        if store is not None and store not in self._stores:  # it would never match
+            raise ValueError(f"no store {store!r} (stores: {', '.join(self._stores)})")
         header_items = dict(headers or {})
         if body is not None and not any(k.lower() == "content-type" for k in header_items):
             header_items["Content-Type"] = _JSON
@@ -778,13 +784,14 @@ class FakeAdminServer:
         largest = store.config.max_page_size or self.max_page_size
         if raw_size is None:
             size = min(self.default_page_size, largest)
-        elif raw_size.isascii() and raw_size.isdigit() and int(raw_size) >= 1:
-            size = int(raw_size[:12])
+        elif raw_size.isascii() and raw_size.isdigit() and (digits := raw_size.lstrip("0")):
+            # As a number however many digits: int() refuses more than 4,300 of them.
+            size = int(digits) if len(digits) <= 12 else 10**12
             if size > largest and (store.config.over_max or self.over_max) == "reject":
                 return self._error(ctx, 400, "BAD_REQUEST", "pageSize is too large")
             size = min(size, largest)
         else:
-            message = f"pageSize must be an integer >= 1 (max {largest}), got {raw_size!r}"
+            message = f"pageSize must be an integer >= 1 (max {largest}), got {raw_size[:40]!r}"
             return self._error(ctx, 400, "BAD_REQUEST", message)
 
         after: Position | None = None
