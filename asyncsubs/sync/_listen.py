@@ -117,6 +117,10 @@ def _seconds(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
 
 
+def _failed_attempts(failures: int) -> str:
+    return f"{failures} failed attempt{'s' * (failures > 1)}"
+
+
 async def _until_written(
     attempt: Callable[[], Awaitable[T]],
     retry: type[DatabaseError],
@@ -200,20 +204,24 @@ class ListenSync:
         self._requeue_after_pull = False
 
     async def __aenter__(self) -> ListenSync:
-        def failed(error: DatabaseError, failures: int, delay: float) -> None:
-            self.observe(
-                Message(f"opening the database failed: {error}; trying again in {_seconds(delay)}")
-            )
-
         # A service started while the database is locked or down waits for it, as it does
         # when that happens later; a database that is wrong in another way fails at once.
+        retrying = self._retrying("opening the database")
         _, failures = await _until_written(
-            self._open, DatabaseUnavailable, DATABASE_RETRY_MAX, failed
+            self._open, DatabaseUnavailable, DATABASE_RETRY_MAX, retrying
         )
         if failures:
-            after = f"{failures} failed attempt{'s' * (failures > 1)}"
+            after = _failed_attempts(failures)
             self.observe(Message(f"database {self.sink.where} opened after {after}"))
         return self
+
+    def _retrying(self, what: str) -> Callable[[DatabaseError, int, float], None]:
+        """What tells, for ``_until_written``, that ``what`` failed and when it is tried again."""
+
+        def failed(error: DatabaseError, failures: int, delay: float) -> None:
+            self.observe(Message(f"{what} failed: {error}; trying again in {_seconds(delay)}"))
+
+        return failed
 
     async def _open(self) -> None:
         try:
@@ -390,26 +398,24 @@ class ListenSync:
         # rather than being refused (the upsert rule keeps its older pages from winning).
         for store, url in (await self.listen(host, port)).items():
             self.observe(Message(f"webhooks of store {store}: POST {url}"))
-        pulled, started, what = 0, 0.0, ""
+        pulled, started = 0, 0.0
 
         async def pull() -> int:
             nonlocal started
             started = loop.time()
             return await self.pull()
 
-        def failed(error: DatabaseError, failures: int, delay: float) -> None:
-            self.observe(Message(f"{what} failed: {error}; trying again in {_seconds(delay)}"))
-
         while True:
             what = "initial sync" if pulled == 0 else f"reconciliation {pulled}"
             before = self.engine.records  # what failed attempts committed counts too
             most = min(DATABASE_RETRY_MAX, reconcile_every)
-            units_failed, failures = await _until_written(pull, DatabaseError, most, failed)
+            retrying = self._retrying(what)
+            units_failed, failures = await _until_written(pull, DatabaseError, most, retrying)
             pulled += 1
             # Reconciliations keep their pace however long one takes (one longer than the
             # interval is followed at once by the next).
             delay = max(0.0, started + reconcile_every - loop.time())
-            after = f" after {failures} failed attempt{'s' * (failures > 1)}" if failures else ""
+            after = f" after {_failed_attempts(failures)}" if failures else ""
             units = f", {units_failed} failed (retried next time)" if units_failed else ""
             records = self.engine.records - before
             self.observe(
