@@ -62,29 +62,10 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
     return result
 
 
-def _unrecognized(extra: Sequence[str]) -> str:
-    """Arguments no command takes, as an error shows them: options by name, no value (it may
-    be a token given to a command that reads tokens from the environment)."""
-    shown = []
-    for arg in extra:
-        name, equals, _ = arg.partition("=")
-        if re.fullmatch(r"--[A-Za-z][\w-]*", name):
-            shown.append(name + "=..." * bool(equals))
-        elif re.fullmatch(r"-[A-Za-z]", arg):
-            shown.append(arg)
-        else:  # "-tVALUE", "-VALUE", a bare word: a value, or one stuck to its option
-            shown.append(arg[:2] + "..." if re.match(r"-[A-Za-z]", arg) else "...")
-    hidden = " (values not shown)" if "..." in " ".join(shown) else ""
-    return f"unrecognized arguments: {' '.join(shown)}{hidden}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        given = _attach_negative_values(sys.argv[1:] if argv is None else argv)
-        args, extra = parser.parse_known_args(given)
-        if extra:
-            parser.error(_unrecognized(extra))
+        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(json=getattr(args, "log_format", "text") == "json")

@@ -124,7 +124,26 @@ class Parser(argparse.ArgumentParser):
         # password given where it is not read.
         message = re.sub(r"^(ambiguous option: [^=\s]+)=\S+", r"\1=...", message)
         message = re.sub(r"ignored explicit argument .*$", "ignored explicit argument", message)
+        unknown, sep, extra = message.partition("unrecognized arguments: ")
+        if sep and not unknown:
+            message = _unrecognized(extra.split(" "))
         super().error(message)
+
+
+def _unrecognized(extra: Sequence[str]) -> str:
+    """Arguments no command takes, as an error shows them: options by name, no value (it may
+    be a token given to a command that reads tokens from the environment)."""
+    shown = []
+    for arg in extra:
+        name, equals, _ = arg.partition("=")
+        if re.fullmatch(r"--[A-Za-z][\w-]*", name):
+            shown.append(name + "=..." * bool(equals))
+        elif re.fullmatch(r"-[A-Za-z]", arg):
+            shown.append(arg)
+        else:  # "-tVALUE", "-VALUE", a bare word: a value, or one stuck to its option
+            shown.append(arg[:2] + "..." if re.match(r"-[A-Za-z]", arg) else "...")
+    hidden = " (values not shown)" if "..." in " ".join(shown) else ""
+    return f"unrecognized arguments: {' '.join(shown)}{hidden}"
 
 
 def output_options() -> Parser:
