@@ -15,7 +15,7 @@ import pytest
 from hostile import WireServer, assert_printable
 
 import asyncsubs
-from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, errors
+from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, _converter, errors
 from asyncsubs._protocol import RawResponse, Request, build_request
 from asyncsubs._transport import AiohttpTransport
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
@@ -141,6 +141,23 @@ async def test_missing_fields_never_fail(server: FakeAdminServer, make_client: M
     assert [s.id for s in subs] == [1, "x-2"]
     assert subs[0].status is None
     assert subs[1].raw["brandNewField"] == {"a": [1, None]}
+
+
+@pytest.mark.parametrize("model", [asyncsubs.Subscription, asyncsubs.Customer, asyncsubs.Order])
+def test_a_page_structured_at_once_is_each_record_structured(model: type) -> None:
+    structure, structure_all = _converter._OWN_HOOKS[model]
+    names = [a.name for a in attrs.fields(model) if a.name != "raw"]
+    full = {_converter.camel(n): f"{n}-value" for n in names}
+    records = [full, {"id": 7}, {**full, "status": None, "unknown": [1]}, {}]
+    page = structure_all(records)
+    one_by_one = [structure(r) for r in records]
+    assert [attrs.astuple(m, recurse=False) for m in page] == [
+        attrs.astuple(m, recurse=False) for m in one_by_one
+    ]
+    assert all(m.raw is r for m, r in zip(page, records, strict=True))
+    assert getattr(page[0], names[-1]) == f"{names[-1]}-value"
+    assert page[1].id == 7
+    assert getattr(page[1], names[-1]) is None
 
 
 async def test_params_pass_through(server: FakeAdminServer, make_client: MakeClient) -> None:
