@@ -17,7 +17,6 @@ page again, smaller.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
@@ -119,8 +118,10 @@ class ListCall(Generic[T]):
             try:
                 async for page in self._fetch_pages(credits):
                     ready.put_nowait(page)
-            except Exception as exc:
-                ready.put_nowait(exc)
+            except BaseException as exc:  # an on_retry hook's BaseException too: never a hang
+                ready.put_nowait(exc)  # raised in the consumer's task, where it belongs
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
             else:
                 ready.put_nowait(None)
 
@@ -133,8 +134,9 @@ class ListCall(Generic[T]):
                 credits.release()
         finally:
             producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            # Not `await producer`: its CancelledError would pass for this task's own, which a
+            # cancellation arriving meanwhile must still raise.
+            await asyncio.wait({producer})
 
     async def _fetch_pages(
         self, credits: asyncio.Semaphore | None = None

@@ -102,6 +102,82 @@ async def test_breaking_out_stops_the_producer() -> None:
     assert sent == len(transport.sent) <= 3
 
 
+class StallingTransport(PagedTransport):
+    """Pages as PagedTransport, but from the second page on each request stalls, and a
+    cancelled one takes until ``released`` to end (a connection's orderly teardown)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.stalled = asyncio.Event()
+
+    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+        if "afterCursor" not in request.url:
+            return await super().send(request, timeout=timeout)
+        self.stalled.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await self.released.wait()
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_cancellation_while_the_producer_stops_is_not_lost() -> None:
+    transport = StallingTransport()
+    after_the_pull: list[str] = []
+
+    async def consume(client: AdminClient) -> None:
+        pages = client.orders.list(prefetch=1, model=dict).pages()
+        async for _ in pages:
+            await transport.stalled.wait()
+            break
+        await pages.aclose()  # type: ignore[attr-defined]  # waits for the producer to end
+        after_the_pull.append("ran on")
+
+    async with client_for(transport) as client:
+        consumer = asyncio.create_task(consume(client))
+        await transport.stalled.wait()
+        await drain_loop()  # the consumer now waits in the close for the producer's end
+        consumer.cancel()
+        await drain_loop()
+        transport.released.set()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+    assert after_the_pull == []
+
+
+class Stop(BaseException):
+    """What ``pytest.fail`` raises in a hook is a BaseException too."""
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+async def test_a_hook_raising_a_base_exception_ends_a_prefetching_pull(prefetch: int) -> None:
+    def on_retry(event: Any) -> None:
+        raise Stop(event.attempt)
+
+    transport = PagedTransport()
+    answers = [RawResponse(500, {}, b'{"success": false, "code": "INTERNAL_ERROR"}')]
+    send = transport.send
+
+    async def failing_once(request: Request, *, timeout: float) -> RawResponse:
+        return answers.pop() if answers else await send(request, timeout=timeout)
+
+    transport.send = failing_once  # type: ignore[method-assign]
+    async with AdminClient(
+        token="t",
+        base_url="https://subs.example",
+        transport=transport,
+        limits=Limits(heavy={"orders": Rate(100_000)}),
+        on_retry=on_retry,
+    ) as client:
+        pull = asyncio.create_task(anext(aiter(client.orders.list(prefetch=prefetch))))
+        await drain_loop()
+        assert pull.done()  # it waited for good before, for a page the producer never sent
+        with pytest.raises(Stop):
+            pull.result()
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_bad_prefetch(bad: Any) -> None:
     with pytest.raises(errors.ConfigError):
