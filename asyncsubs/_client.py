@@ -43,7 +43,14 @@ from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
 from ._transport import AiohttpTransport, ConnectingTransport, Transport
-from .errors import APIError, AsyncSubsError, ConfigError, ProtocolError, RateLimitError
+from .errors import (
+    APIError,
+    AsyncSubsError,
+    ConfigError,
+    ProtocolError,
+    RateLimitError,
+    TransportError,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -215,6 +222,9 @@ class AdminClient:
     ) -> None:
         await self.aclose()
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         """Close the client's own HTTP session (a session passed in is left open). A request
         still waiting then ends in ConfigError; none opens a new session."""
@@ -322,15 +332,25 @@ class AdminClient:
         pool = self.limits.pool_for(method, path)
         started = time.monotonic()
         attempt = 1
+        # A request the task sends while it handles a cancellation (a clean-up) is its own.
+        task = asyncio.current_task()
+        cancelling = 0 if task is None else task.cancelling()
         with self._telemetry.call(kind, request, pool) as call:
             while True:
                 try:
                     return await self._attempt(request, limiter, pool, parse, attempt, call)
                 except AsyncSubsError as exc:  # anything else (cancellation) is never retried
-                    if (task := asyncio.current_task()) is not None and task.cancelling():
+                    if task is not None and task.cancelling() > cancelling:
                         # A cancellation a library below reported as a failure (a timeout).
                         raise asyncio.CancelledError from None
                     exc.attempts = attempt
+                    if self._closed:  # aclose() ran meanwhile: not retried
+                        if isinstance(exc, TransportError):  # what was on the wire, cut
+                            message = "the client was closed while this request was in flight"
+                            message += " (the server may have received it)"
+                            where = f"{request.method} {request.path}"
+                            raise ConfigError(f"{where}: {message}") from exc
+                        raise
                     elapsed = time.monotonic() - started
                     delay = retry_delay(self.retry, request, exc, attempt, elapsed)
                     if delay is None:
@@ -365,7 +385,8 @@ class AdminClient:
         """Attempt ``number`` (from 1): a paced start, the transport, the protocol."""
         with call.attempt(number) as exchange:
             try:
-                async with limiter.slot(pool, max_wait=self.retry.max_retry_after) as slot:
+                max_wait, closed = self.retry.max_retry_after, self._is_closed
+                async with limiter.slot(pool, max_wait=max_wait, closed=closed) as slot:
                     if self._closed:  # aclose() ran while this request waited: no new session
                         raise ConfigError("the client was closed while this request waited")
                     exchange.sending()

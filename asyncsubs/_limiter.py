@@ -18,6 +18,7 @@ import logging
 import math
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ from .errors import AsyncSubsError, ConfigError, LimiterUnavailableError, RateLi
 __all__ = ["DEFAULT_LIMITER", "Limiter", "MemoryPacing", "PacingBackend", "Slot", "StoreLimiter"]
 
 logger = logging.getLogger("asyncsubs.limiter")
+Closed = Callable[[], bool] | None  # a request's client closed: it fails at its turn, no claim
 
 
 class PacingBackend(Protocol):
@@ -86,16 +88,14 @@ class _Pool:
     def __init__(self, name: str, rate: Rate, search: RateSearch | None) -> None:
         self.name, self.paced_by = name, "start"
         self.configured = self.rate = rate  # rate: paced by, lower if the server announced so
-        self.search = search  # a discovering pool's: it sets ``rate``
+        self.search, self.slowdown = search, Slowdown()  # search: a discovering pool's, sets rate
         self.turn = asyncio.Lock()  # FIFO without barging, as Python 3.11's locks are
-        self.slowdown = Slowdown()
         self.pause_until = self.last_start = self.run_start = -math.inf
         self.interval = self.margin = self.logged = self.wait_seconds = 0.0
         self.requests = self.rate_limited = self.retries = self.waiting = self.in_flight = 0
 
     @property
-    def announced(self) -> bool:
-        """Paced by a quota the server announced."""
+    def announced(self) -> bool:  # paced by a quota the server announced
         return self.rate is not self.configured if self.search is None else self.search.announced
 
 
@@ -107,14 +107,14 @@ _COUNTED += ("in_flight", "interval", "margin", "paced_by")
 class Slot:
     """``async with store_limiter.slot(pool) as slot``: held in flight; ``due``: its paced time."""
 
-    __slots__ = ("_limiter", "_max_wait", "_pool", "due", "pool")
+    __slots__ = ("_closed", "_limiter", "_max_wait", "_pool", "due", "pool")
 
-    def __init__(self, limiter: StoreLimiter, pool: _Pool, max_wait: float) -> None:
+    def __init__(self, limiter: StoreLimiter, pool: _Pool, max_wait: float, closed: Closed) -> None:
         self._limiter, self._pool, self._max_wait, self.due = limiter, pool, max_wait, 0.0
-        self.pool = pool.name
+        self.pool, self._closed = pool.name, closed
 
     async def __aenter__(self) -> Slot:
-        self.due = await self._limiter._acquire(self._pool, self._max_wait)
+        self.due = await self._limiter._acquire(self._pool, self._max_wait, self._closed)
         self.sending()  # late by the loop's own delay
         return self
 
@@ -144,8 +144,7 @@ class StoreLimiter:
         self.store, self.limits, self._backend, self.jitter = store, limits, backend, jitter
         self._loop_ref = weakref.ref(asyncio.get_running_loop())  # weak: not keeping it alive
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
-        #: What the store learned (discovering pools' rates, list paths' page sizes), shared.
-        self.learning = StoreLearning(store, backend, self._repaced)
+        self.learning = StoreLearning(store, backend, self._repaced)  # rates, page sizes found
         self._pools: dict[str, _Pool] = {}
         for name in limits.pools:
             discovery = limits.discovery_for(name)
@@ -160,10 +159,10 @@ class StoreLimiter:
             raise ConfigError(f"store {self.store!r} has no rate-limit pool {pool!r} ({pools})")
         return found
 
-    def slot(self, pool: str, *, max_wait: float = math.inf) -> Slot:
+    def slot(self, pool: str, *, max_wait: float = math.inf, closed: Closed = None) -> Slot:
         """A paced start of ``pool``; one that would wait (on a pause) longer than ``max_wait``
         seconds fails at once with RateLimitError, ``retry_after`` saying how long."""
-        return Slot(self, self._pool(pool), max_wait)
+        return Slot(self, self._pool(pool), max_wait, closed)
 
     def stats(self) -> LimiterStats:
         pools = {}
@@ -244,8 +243,7 @@ class StoreLimiter:
             margin = min(limits.max_margin, max(limits.safety_margin, (spread or 0) / rate.per))
             paced_by = "jitter" if margin > limits.safety_margin else "floor"
         slowdown = p.slowdown.value(now)
-        paced_by = "server" if p.announced else paced_by
-        paced_by = "429" if slowdown > 1.001 else paced_by
+        paced_by = "429" if slowdown > 1.001 else "server" if p.announced else paced_by
         p.margin, p.paced_by, p.interval = margin, paced_by, rate.interval * (1 + margin) * slowdown
         if abs(p.interval - p.logged) > 0.05 * p.logged:  # a marked change
             message = "store %r pool %r: interval %.4fs (margin %.3f, slowdown %.3f, by %s)"
@@ -253,7 +251,7 @@ class StoreLimiter:
             p.logged = p.interval
         return p.interval
 
-    async def _acquire(self, p: _Pool, max_wait: float) -> float:
+    async def _acquire(self, p: _Pool, max_wait: float, closed: Closed) -> float:
         loop = asyncio.get_running_loop()
         if loop is not self._loop_ref():
             raise ConfigError(f"store {self.store!r}: this limiter is bound to another event loop")
@@ -265,6 +263,8 @@ class StoreLimiter:
                 await self._in_flight.acquire()
                 try:
                     while True:
+                        if closed is not None and closed():
+                            raise ConfigError("the client was closed while this request waited")
                         held = (now := loop.time()) < p.pause_until  # this process's view
                         due = p.pause_until if held else await self._reserve(p, now)
                         if (wait := due - loop.time()) > max_wait:

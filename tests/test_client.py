@@ -13,11 +13,13 @@ import aiohttp
 import attrs
 import pytest
 from hostile import WireServer, assert_printable
+from virtual_clock import VirtualClock
 
 import asyncsubs
 from asyncsubs import AdminClient, Limits, Rate, RetryPolicy, _converter, errors
 from asyncsubs._protocol import RawResponse, Request, build_request
 from asyncsubs._transport import AiohttpTransport
+from asyncsubs.limiting import Limiter
 from asyncsubs.testing import FakeAdminServer, FakeStoreConfig, no_waiting
 
 MakeClient = Callable[..., AdminClient]
@@ -648,8 +650,82 @@ async def test_requests_caught_by_aclose_open_no_new_session(make_client: MakeCl
     # The request on the closing session failed there; its retry and the queued request met
     # the closed client instead of opening a session nothing would close.
     assert [type(r) for r in results] == [errors.ConfigError, errors.ConfigError]
+    assert "closed while this request was in flight" in str(results[0])  # not "waited"
+    assert "closed while this request waited" in str(results[1])
     assert client._transport._session is None  # type: ignore[attr-defined]
     assert len(wire.requests) == 1
+
+
+class Answers:
+    """A transport answering with ``answers`` in turn, at once."""
+
+    def __init__(self, *answers: tuple[int, bytes]) -> None:
+        self.answers = list(answers)
+        self.sent = 0
+
+    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+        self.sent += 1
+        status, body = self.answers.pop(0) if self.answers else (200, OK_BODY)
+        return RawResponse(status, {}, body)
+
+    async def aclose(self) -> None:
+        pass
+
+
+OK_BODY = b'{"success": true, "code": "SUCCESS", "data": {}}'
+
+
+async def test_a_clean_up_request_of_a_cancelled_task_is_answered_as_any() -> None:
+    """A task handling its cancellation (``except CancelledError: <clean up>; raise``) gets its
+    clean-up request's own errors, and its retries."""
+    gone = (404, b'{"success": false, "code": "NOT_FOUND", "message": "gone"}')
+    failed = (500, b'{"success": false, "code": "INTERNAL_ERROR"}')
+    transport = Answers(gone, failed)
+    outcomes: list[object] = []
+
+    async def cleaning_up(client: AdminClient) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            for _ in range(2):
+                try:
+                    outcomes.append((await client.request("GET", "things/1")).status)
+                except BaseException as exc:
+                    outcomes.append(type(exc))
+            raise
+
+    client = AdminClient(token="t", base_url="https://subs.example", transport=transport)
+    with no_waiting():
+        async with client:
+            task = asyncio.create_task(cleaning_up(client))
+            await asyncio.sleep(0)  # the task waits
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert outcomes == [errors.NotFoundError, 200]
+    assert transport.sent == 3  # the 500 retried
+
+
+async def test_requests_queued_when_their_client_closes_claim_no_start(
+    clock: VirtualClock,
+) -> None:
+    """A closed client's queued requests fail as their turn comes, not after waiting out a
+    start each from the store's budget, which another client of the store is waiting on."""
+    shared, limits = Limiter(), Limits(global_rate=Rate(10))
+    options: dict[str, Any] = {"token": "t", "base_url": "https://subs.example", "store": "acme"}
+    closing = AdminClient(**options, limits=limits, limiter=shared, transport=Answers())
+    other = AdminClient(**options, limits=limits, limiter=shared, transport=Answers())
+    await other.request("GET", "things/1")
+    queued = [asyncio.create_task(closing.request("GET", "things/1")) for _ in range(40)]
+    await asyncio.sleep(0)
+    await closing.aclose()
+    t0 = clock.now
+    await other.request("GET", "things/1")
+    assert clock.now - t0 < 3 * limits.global_rate.per / limits.global_rate.n  # 40 before
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    assert {type(r) for r in results} == {errors.ConfigError}
+    assert other.stats.requests == 2 + 1  # its two, and the one head that had claimed already
+    await other.aclose()
 
 
 async def test_a_client_used_from_a_second_event_loop_says_so(
