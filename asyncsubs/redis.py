@@ -92,7 +92,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("asyncsubs.redis needs redis-py: pip install 'asyncsubs[redis]'") from exc
 
-__all__ = ["FORGET_AFTER", "RedisClient", "RedisLimiter", "RedisPacing"]
+__all__ = ["FORGET_AFTER", "MAX_CONNECTIONS", "RedisClient", "RedisLimiter", "RedisPacing"]
 
 logger = logging.getLogger("asyncsubs.redis")
 
@@ -107,6 +107,9 @@ _SLOWDOWN_TTL_MS: Final = int(SLOWDOWN_HALF_LIFE * 10 * 1000)
 #: ``aclose()``): until then, if it may pace alone, the others leave its fraction unused.
 FORGET_AFTER: Final = 60.0
 _FORGET_MS: Final = int(FORGET_AFTER * 1000)
+#: Connections to Redis a limiter made from a URL opens at most in a loop, where a command waits
+#: for one (a URL's ``max_connections`` option overrides it).
+MAX_CONNECTIONS: Final = 100
 #: The least share of a rate left to the workers that still see Redis, however many pace alone.
 _LEAST_SHARE: Final = 0.1
 #: A step back of Redis's clock this large (seconds) is logged; smaller ones are repaired quietly.
@@ -490,8 +493,15 @@ class RedisPacing:
         client = self._clients.get(loop)
         if client is None:
             assert self._url is not None
-            client = self._clients[loop] = aioredis.Redis.from_url(
+            # A command waits for one of the pool's connections: the default pool fails at once
+            # past 100 commands in flight, which a process pacing a few hundred stores has (their
+            # pools claim at once), and a failure reads as Redis down. The wait is not timed: a
+            # hung Redis fails the commands in flight, and so frees their connections, within
+            # ``timeout``.
+            pool = aioredis.BlockingConnectionPool.from_url(
                 self._url,
+                max_connections=MAX_CONNECTIONS,
+                timeout=None,
                 socket_connect_timeout=self.timeout,
                 socket_timeout=self.timeout,
                 # One immediate retry, on a broken connection only, heals a pooled connection
@@ -501,6 +511,7 @@ class RedisPacing:
                 # slows the pool down.
                 retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             )
+            client = self._clients[loop] = aioredis.Redis.from_pool(pool)
         return client
 
     async def aclose(self) -> None:

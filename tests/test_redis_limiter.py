@@ -178,6 +178,24 @@ async def test_very_high_rates_claim_one_slot_per_request(
     assert stats["cmdstat_evalsha"]["calls"] == 20
 
 
+async def test_stores_claiming_at_once_wait_for_a_connection_not_failing(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """More claims in flight than the pool's connections (a process syncing a few hundred
+    stores): they wait for a connection. redis-py's default pool failed the one past its 100th,
+    which read as Redis down and failed the requests of every store."""
+    stores = asyncsubs.redis.MAX_CONNECTIONS * 3
+    pacing = RedisPacing(redis_server.url, prefix=prefix)
+    try:
+        claims = [pacing.reserve(f"store-{i}", "global", 0.02) for i in range(stores)]
+        results = await asyncio.gather(*claims, return_exceptions=True)
+        assert results == [(0.0, 1.0)] * stores
+        in_use = pacing.client().connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(in_use) <= asyncsubs.redis.MAX_CONNECTIONS
+    finally:
+        await pacing.aclose()
+
+
 async def test_script_is_reloaded_after_a_flush(
     redis_server: RedisServer, redis: aioredis.Redis, prefix: str
 ) -> None:
