@@ -153,9 +153,18 @@ class PageSizeSearch:
         self.refused = min(refused, default=None)
 
 
+def route(path: str) -> str:
+    """The list ``path`` as its route, under which its page size is learned: every second
+    segment an id, as REST nests them (``customers/{id}/orders``). A pull of each customer's
+    orders learns one page size for all, and holds one key, not one per customer."""
+    segments = path.split("/")
+    return "/".join("{id}" if i % 2 else s for i, s in enumerate(segments))
+
+
 async def page_size_search(learning: StoreLearning, path: str) -> PageSizeSearch:
-    """The page-size search of list ``path`` (its heavy pool's key, or the path's own), shared
-    by every pull of the path in this loop and with the backend's other holders."""
-    search = learning.part(path, PageSizeSearch)
-    await learning.ready(path)
+    """The page-size search of list ``path``'s route (a heavy pool's key: its path), shared by
+    every pull of the route in this loop and with the backend's other holders."""
+    key = route(path)
+    search = learning.part(key, PageSizeSearch)
+    await learning.ready(key)
     return search

@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 from redis_fixtures import (  # noqa: F401 - the fixture registers by its name=
     RedisServer,
@@ -34,6 +35,7 @@ from asyncsubs._discovery import (
 )
 from asyncsubs._learned import SYNC_EVERY
 from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch
+from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
 from asyncsubs.stores import parse_rate
@@ -775,3 +777,43 @@ def test_a_probe_not_yet_answered_is_remembered_as_the_rate_before_it() -> None:
     settled = Learned(rate=9.5, rate_by="429", good=8.0, refused=16.0, hold=100.0, age=10.0)
     search.restore(settled, 0.0, by="remembered")
     assert search.rate == 9.5  # a rate a 429 set is the server's evidence
+
+
+class NestedLists:
+    """A transport serving ``customers/<id>/orders``: 250 records a page at most, clamped."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+
+    async def send(self, request: Request, *, timeout: float) -> RawResponse:
+        path, _, query = request.url.partition("/admin/2026-04/")[2].partition("?")
+        asked = int(dict(p.split("=") for p in query.split("&"))["pageSize"])
+        self.asked.append((path, asked))
+        served = min(asked, 250)
+        after = "afterCursor" in query
+        body = {
+            "success": True,
+            "code": "SUCCESS",
+            "data": [{"id": i} for i in range(served)],
+            "pageInfo": {"hasNextPage": not after, "nextCursor": None if after else "c1"},
+        }
+        return RawResponse(200, {}, orjson.dumps(body))
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_nested_list_learns_one_page_size_for_all_its_parents() -> None:
+    """Each customer's orders share one route: the page size found for the first customer
+    serves the others, and the store holds one record for them all, not one per customer."""
+    transport = NestedLists()
+    kwargs: dict[str, Any] = {"token": "t", "base_url": "https://subs.example"}
+    async with AdminClient(**kwargs, transport=transport, limiter=Limiter()) as client:
+        for customer in range(1, 30):
+            orders = client.list_endpoint(f"customers/{customer}/orders")
+            async for _ in orders.list(page_size="max", model=dict).pages():
+                pass
+        exported = client.export_learned()["pools"]
+    assert [asked for path, asked in transport.asked if path == "customers/29/orders"] == [250, 250]
+    assert [key for key in exported if key.startswith("customers")] == ["customers/{id}/orders"]
+    assert exported["customers/{id}/orders"]["page_size"] == 250
