@@ -477,6 +477,24 @@ def test_a_unit_another_worker_failed_is_said_by_every_worker(
     assert err.count("not pulled in this round") == 1
 
 
+async def test_workers_killed_long_ago_are_forgotten_at_a_round(pg_url: str) -> None:
+    """A worker killed without leaving (SIGKILL) left its row; a day unseen, it is dropped
+    when a worker joins a round, while one seen lately stays."""
+    one = PostgresSink(pg_url, holder="one")
+    async with one:
+        await one.join_round([("s1", "orders")])
+        assert await one.claim([("s1", "orders")]) == ("s1", "orders")
+        query(
+            pg_url,
+            "INSERT INTO asyncsubs_sync_workers (holder, stores, resources, wants, seen_at)"
+            " VALUES ('killed', '{s1}', '{orders}', false, now() - interval '25 hours'),"
+            " ('alive', '{s1}', '{orders}', false, now() - interval '1 minute')",
+        )
+        await one.join_round([("s1", "orders")])
+        holders = {row[0] for row in query(pg_url, "SELECT holder FROM asyncsubs_sync_workers")}
+    assert holders == {"one", "alive"}
+
+
 async def test_a_worker_with_a_store_swapped_joins_the_round_open(pg_url: str) -> None:
     """A round is open (another worker pulls s2) when a worker whose config has s3 in place of
     s2 starts: it joins it, its new unit with it, and s1, done in this round, stays done (pulled

@@ -444,6 +444,13 @@ class PostgresSink(SQLSink):
         params = self._params(units)
         async with self.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ROUND_LOCK,))
+            # A worker killed (SIGKILL) leaves its row; one unseen a day (three leases if more)
+            # is not coming back.
+            await conn.execute(
+                f"DELETE FROM {WORKERS_TABLE} WHERE seen_at < now()"
+                " - greatest(interval '1 day', make_interval(secs => 3 * %(lease)s))",
+                params,
+            )
             # Counted before units new to the table (a store added to the config) are: they
             # are pending, but no round is open for the others; unless one is open elsewhere
             # (a worker whose config lacks the new store), which they join.
