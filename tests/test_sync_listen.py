@@ -22,16 +22,29 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import orjson
 import pytest
 
+from asyncsubs import Rate
 from asyncsubs.__main__ import main
 from asyncsubs.cli._common import CONFIG_FLAGS
 from asyncsubs.cli._display import PlainLines
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._sync import parse_listen
 from asyncsubs.errors import ConfigError
-from asyncsubs.stores import ConfigFileError, Message, WebhookCounts, load_config
+from asyncsubs.limiting import PoolStats
+from asyncsubs.stores import (
+    ConfigFileError,
+    Message,
+    PageCommitted,
+    PoolLearned,
+    RunStarted,
+    UnitDone,
+    UnitStarted,
+    WebhookCounts,
+    load_config,
+)
 from asyncsubs.stores import Store as StoreConfig
 from asyncsubs.sync import DatabaseError, ListenSync, PageWrite, sink_for
 from asyncsubs.sync.sqlite import SQLiteSink
@@ -324,6 +337,42 @@ async def test_reconciles_periodically_until_cancelled(tmp_path: Path) -> None:
         async with aiohttp.ClientSession() as session:
             with pytest.raises(aiohttp.ClientConnectionError):
                 await session.post(f"http://127.0.0.1:{port}/webhooks/acme", data=b"{}")
+
+
+def test_later_reconciliations_say_of_a_unit_what_changed() -> None:
+    """A service's lines: every unit's start, pace and end in the first run; in later ones
+    only a unit that pulled records, learned anew or failed (with -v, every line)."""
+    units = (("acme", "orders"), ("acme", "customers"))
+    learning = PoolStats(rate=2.0, rate_by="probe", good=1.0)
+
+    def run(progress: Progress, number: int, pulled: int, stats: PoolStats) -> None:
+        progress(RunStarted(number, units))
+        for store, resource in units:
+            progress(UnitStarted(store, resource, False, 0, Rate(2)))
+            progress(PoolLearned(store, resource, stats))
+            progress(PageCommitted(store, resource, pulled if resource == "orders" else 0, stats))
+            progress(UnitDone(store, resource, stats, None))
+
+    said: dict[bool, list[str]] = {}
+    for verbose in (False, True):
+        progress, out = Progress(), io.StringIO()
+        progress.watch(PlainLines(progress, out, 1.0, verbose=verbose))
+        run(progress, 1, 5, learning)
+        run(progress, 2, 3, learning)
+        run(progress, 3, 0, attrs.evolve(learning, rate=4.0, good=2.0))
+        said[verbose] = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert said[False] == [
+        "acme/orders: starting",
+        "acme/orders: 2.00 req/s probing (1.00 ran clean)",
+        "acme/orders: done, 5 records in 1 page (0.0s)",
+        "acme/customers: starting",
+        "acme/customers: 2.00 req/s probing (1.00 ran clean)",
+        "acme/customers: done, 0 records in 1 page (0.0s)",
+        "acme/orders: done, 3 records in 1 page (0.0s)",
+        "acme/orders: 4.00 req/s probing (2.00 ran clean)",
+        "acme/customers: 4.00 req/s probing (2.00 ran clean)",
+    ]
+    assert len(said[True]) == 3 * 2 * 3
 
 
 def test_plain_progress_shows_webhook_counters_when_they_change() -> None:

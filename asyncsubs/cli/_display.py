@@ -141,13 +141,27 @@ class PlainLines:
         self.progress, self.interval, self.verbose = progress, interval, verbose
         self.out = Output(stream=stream)
         self._last_webhooks: WebhookTotals | None = None
+        self._learned: dict[str, str] = {}  # each unit's last "learned" line
 
     def show(self, row: UnitRow | None, said: Said) -> None:
         self.out.write(f"[{time.monotonic() - self.progress.started:7.1f}s] {said.text}")
 
     def __call__(self, event: Event, row: UnitRow | None) -> None:
-        if (said := describe(event, row, self.verbose)) is not None:
+        if (said := describe(event, row, self.verbose)) is not None and self._new(row, said):
             self.show(row, said)
+
+    def _new(self, row: UnitRow | None, said: Said) -> bool:
+        """Whether ``said`` tells something new. A service's later runs (``sync --listen``) say
+        of a unit what changed only: its records pulled, what its pool learned anew, a failure;
+        not three lines a unit each time (with ``-v``, every line)."""
+        if row is None or self.verbose:
+            return True
+        if said.event == "learned":
+            before, self._learned[row.key] = self._learned.get(row.key), said.text
+            return said.text != before
+        if self.progress.runs <= 1:
+            return True
+        return said.event != "start" and (said.event != "done" or row.records > 0)
 
     def tick(self) -> None:
         now = time.monotonic()
