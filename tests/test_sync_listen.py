@@ -824,6 +824,18 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
                 "SELECT updated_at FROM orders WHERE store = 'acme' AND id = '7'"
             ).fetchone() == ("2031-01-01T00:00:00Z",)
 
+        # One no attempt will apply: purged by the command, never applied.
+        await failing_run(["d-2"])
+        purge = ["dead-letters", "--db", str(db), "--store", "acme", "--purge"]
+        assert await asyncio.to_thread(main, purge) == 0
+        assert "1 deleted" in capsys.readouterr().out
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
+        both = ["dead-letters", "--db", str(db), "--requeue", "--purge"]
+        assert main(both) == 2
+        assert "--purge: not allowed with argument --requeue" in capsys.readouterr().err
+
 
 async def test_attempts_add_up_over_a_requeue_by_the_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any

@@ -939,3 +939,7 @@ async def test_dead_letters_are_listed_and_requeued_from_postgres(pg_url: str, c
         ("acme", "e1", 3)
     ]
     assert query(pg_url, "SELECT store FROM webhook_dead_letters") == [("globex",)]
+    # Purged: gone, and nothing handed to the inbox.
+    assert await dead_letters(sink_for(pg_url), purge=True) == ([other], 1)
+    assert query(pg_url, "SELECT count(*) FROM webhook_dead_letters") == [(0,)]
+    assert query(pg_url, "SELECT count(*) FROM webhook_inbox") == [(1,)]

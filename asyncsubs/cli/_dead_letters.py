@@ -1,5 +1,5 @@
 """``asyncsubs dead-letters``: the webhook events ``sync --listen`` could not apply, listed,
-or handed back to its inbox with ``--requeue``."""
+handed back to its inbox with ``--requeue``, or dropped with ``--purge``."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ __all__ = ["add_parser", "dead_letters"]
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "dead-letters",
-        help="list (or requeue) the webhook events sync --listen could not apply",
+        help="list (requeue, purge) the webhook events sync --listen could not apply",
         description=(
             "List the dead letters of a sync database: webhook events that sync --listen "
             "accepted but could not apply. sync --listen requeues them itself on start while "
             f"they have had fewer than {REQUEUE_BELOW_ATTEMPTS} attempts; --requeue moves them "
             "(all, or those of --store) back to the inbox, whatever their attempts, for the "
-            "next start of sync --listen to apply (restart a running one)."
+            "next start of sync --listen to apply (restart a running one); --purge deletes "
+            "them, for events no attempt will apply."
         ),
     )
     parser.add_argument(
@@ -42,17 +43,19 @@ def add_parser(commands: Any) -> None:
         metavar="ID",
         help="only this store's (repeatable; default: every store's)",
     )
-    parser.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--requeue", action="store_true", help="move them back to the inbox")
+    what.add_argument("--purge", action="store_true", help="delete them")
     report_options(parser)
     parser.set_defaults(handler=cmd_dead_letters, debug=False)
 
 
 async def dead_letters(
-    sink: Sink, *, stores: Sequence[str] | None = None, requeue: bool = False
+    sink: Sink, *, stores: Sequence[str] | None = None, requeue: bool = False, purge: bool = False
 ) -> tuple[list[DeadLetter], int] | None:
     """The dead letters (of ``stores``, or all), and how many were moved back to the inbox
-    with ``requeue`` (letters without a store, from before they named one, stay); None when
-    the database never listened (no table is made to say so)."""
+    with ``requeue`` (letters without a store, from before they named one, stay) or deleted
+    with ``purge``; None when the database never listened (no table is made to say so)."""
     if not await sink.has_webhook_tables():
         return None
     async with sink:
@@ -66,7 +69,10 @@ async def dead_letters(
             )
             # Only this store's: other stores' letters may share the event id.
             await dead.remove_for_store(store, letter.event_id)
-    return letters, len(movable)
+        if purge:
+            for letter in letters:
+                await dead.remove_for_store(letter.store, letter.event_id)
+    return letters, len(letters) if purge else len(movable)
 
 
 def _utc(epoch: float) -> str:
@@ -87,7 +93,9 @@ def _letter_json(letter: DeadLetter) -> dict[str, Any]:
 
 def cmd_dead_letters(args: argparse.Namespace, out: Output) -> int:
     sink = sink_for(args.db)
-    found = asyncio.run(dead_letters(sink, stores=args.store, requeue=args.requeue))
+    found = asyncio.run(
+        dead_letters(sink, stores=args.store, requeue=args.requeue, purge=args.purge)
+    )
     if found is None:
         out.note(
             f"no dead letters: {sink.where} has never run sync --listen (it has no webhook tables)"
@@ -96,7 +104,10 @@ def cmd_dead_letters(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         document = {"database": sink.where, "dead_letters": [_letter_json(x) for x in letters]}
         print_json(
-            document | ({"moved": moved} if args.requeue and found else {}), stream=sys.stdout
+            document
+            | ({"moved": moved} if args.requeue and found else {})
+            | ({"deleted": moved} if args.purge and found else {}),
+            stream=sys.stdout,
         )
         return 0
     if found is None:
@@ -110,6 +121,8 @@ def cmd_dead_letters(args: argparse.Namespace, out: Output) -> int:
         footer.append(
             f"{moved:,} moved to webhook_inbox: sync --listen applies them when it next starts"
         )
+    if args.purge:
+        footer.append(f"{moved:,} deleted")
     missing = sorted(set(args.store or ()) - {letter.store for letter in letters})
     if missing:
         everyone, _ = asyncio.run(dead_letters(sink_for(args.db))) or ([], 0)
