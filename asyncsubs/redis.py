@@ -43,7 +43,8 @@ When Redis fails
 Redis unreachable, timing out or answering with an error (``timeout`` seconds for connects and
 commands): the backend is *down* from that failure until a background recheck, the reserve
 script on keys of its own every ``recheck_after`` seconds, succeeds. While down no request
-waits on Redis, so a pool's queue does not wait out one timeout per request. A WARNING says
+waits on Redis, so a pool's queue does not wait out one timeout per request (those already
+waiting for one of the ``MAX_CONNECTIONS`` connections fail in turn). A WARNING says
 when it goes down and when it answers again (at most once a minute; DEBUG otherwise).
 
 - by default, requests fail with :class:`~asyncsubs.errors.LimiterUnavailableError` and are
@@ -495,9 +496,9 @@ class RedisPacing:
             assert self._url is not None
             # A command waits for one of the pool's connections: the default pool fails at once
             # past 100 commands in flight, which a process pacing a few hundred stores has (their
-            # pools claim at once), and a failure reads as Redis down. The wait is not timed: a
-            # hung Redis fails the commands in flight, and so frees their connections, within
-            # ``timeout``.
+            # pools claim at once), and that read as Redis down. The wait is not timed: a loop
+            # that busy (a thousand stores' first requests) would read as Redis down too. With
+            # Redis hung, those waiting then fail in turn, ``timeout`` for each hundred.
             pool = aioredis.BlockingConnectionPool.from_url(
                 self._url,
                 max_connections=MAX_CONNECTIONS,
@@ -540,7 +541,8 @@ class RedisPacing:
     # -- PacingBackend ---------------------------------------------------------------------------
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
-        fraction = self.fallback_fraction
+        fraction, task = self.fallback_fraction, asyncio.current_task()
+        cancelling = 0 if task is None else task.cancelling()  # a clean-up's request is its own
         if self._down:
             self._start_probe()
             if fraction is None:
@@ -574,7 +576,7 @@ class RedisPacing:
             failure: Exception | None = exc
         else:
             failure = None
-        if (task := asyncio.current_task()) is not None and task.cancelling():
+        if task is not None and task.cancelling() > cancelling:
             # redis-py can spend a cancellation that lands in a command: it reports it as its
             # TimeoutError, or retries the command and brings the reply. The caller is cancelled
             # all the same (a slot claimed is lost, the safe side): no request goes out.

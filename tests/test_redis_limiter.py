@@ -196,6 +196,34 @@ async def test_stores_claiming_at_once_wait_for_a_connection_not_failing(
         await pacing.aclose()
 
 
+async def test_a_clean_up_request_of_a_cancelled_task_is_paced_through_redis(
+    redis_server: RedisServer, prefix: str, server: FakeAdminServer
+) -> None:
+    """A task handling its cancellation (``except CancelledError: <clean up>; raise``) gets a
+    slot for its clean-up request, as with the in-process limiter."""
+    outcomes: list[object] = []
+    path = f"customers/{record_ids(server, 1)[0]}"
+    limiter = RedisLimiter(redis_server.url, prefix=prefix)
+    async with limiter, make_client(server, limiter) as client:
+
+        async def cleaning_up() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                try:
+                    outcomes.append((await client.request("GET", path)).status)
+                except BaseException as exc:
+                    outcomes.append(type(exc))
+                raise
+
+        task = asyncio.create_task(cleaning_up())
+        await asyncio.sleep(0)  # the task waits
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert outcomes == [200]
+
+
 async def test_script_is_reloaded_after_a_flush(
     redis_server: RedisServer, redis: aioredis.Redis, prefix: str
 ) -> None:
