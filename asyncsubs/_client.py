@@ -274,7 +274,8 @@ class AdminClient:
         return {key: record.aged(elapsed) for key, record in (self._learned or {}).items()}
 
     async def _page_sizes(self, path: str) -> PageSizeSearch:
-        return await page_size_search(self._bound_limiter().learning, path)
+        learning = self._bound_limiter().learning
+        return await page_size_search(learning, path, heavy=path in self.limits.heavy)
 
     async def request(
         self,

@@ -154,17 +154,23 @@ class PageSizeSearch:
 
 
 def route(path: str) -> str:
-    """The list ``path`` as its route, under which its page size is learned: every second
-    segment an id, as REST nests them (``customers/{id}/orders``). A pull of each customer's
-    orders learns one page size for all, and holds one key, not one per customer."""
+    """The list ``path`` as its route, under which its page size is learned: a segment between
+    two others that holds a digit is an id, as REST nests them (``customers/{id}/orders``). A
+    pull of each customer's orders learns one page size for all, and holds one key, not one
+    per customer. Other paths are their own route (``reports/daily``, ``a/b/c``)."""
     segments = path.split("/")
-    return "/".join("{id}" if i % 2 else s for i, s in enumerate(segments))
+    for i in range(1, len(segments) - 1, 2):
+        if any(c.isdigit() for c in segments[i]):
+            segments[i] = "{id}"
+    return "/".join(segments)
 
 
-async def page_size_search(learning: StoreLearning, path: str) -> PageSizeSearch:
-    """The page-size search of list ``path``'s route (a heavy pool's key: its path), shared by
-    every pull of the route in this loop and with the backend's other holders."""
-    key = route(path)
+async def page_size_search(
+    learning: StoreLearning, path: str, *, heavy: bool = False
+) -> PageSizeSearch:
+    """The page-size search of list ``path``'s route (of a ``heavy`` pool's path: its own, the
+    pool's key), shared by every pull of it in this loop and with the backend's other holders."""
+    key = path if heavy else route(path)
     search = learning.part(key, PageSizeSearch)
     await learning.ready(key)
     return search

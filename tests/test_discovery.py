@@ -34,7 +34,7 @@ from asyncsubs._discovery import (
     merged,
 )
 from asyncsubs._learned import SYNC_EVERY
-from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch
+from asyncsubs._page_size import FIRST_PAGE_ASK, PageSizeSearch, route
 from asyncsubs._protocol import RawResponse, Request
 from asyncsubs._server_limits import ServerLimit
 from asyncsubs.limiting import Limiter, StoreLimiter
@@ -817,3 +817,19 @@ async def test_a_nested_list_learns_one_page_size_for_all_its_parents() -> None:
     assert [asked for path, asked in transport.asked if path == "customers/29/orders"] == [250, 250]
     assert [key for key in exported if key.startswith("customers")] == ["customers/{id}/orders"]
     assert exported["customers/{id}/orders"]["page_size"] == 250
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("subscriptions", "subscriptions"),
+        ("customers/123/orders", "customers/{id}/orders"),
+        ("customers/gid-9f3/orders/open", "customers/{id}/orders/open"),
+        ("a/1/b/2/c", "a/{id}/b/{id}/c"),
+        ("reports/daily", "reports/daily"),  # a last segment is a list, not an id
+        ("reports/2026/items", "reports/{id}/items"),
+        ("customers/vip/orders", "customers/vip/orders"),  # no digit: not taken for an id
+    ],
+)
+def test_a_list_path_learns_under_its_route(path: str, expected: str) -> None:
+    assert route(path) == expected
