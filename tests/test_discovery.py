@@ -833,3 +833,16 @@ async def test_a_nested_list_learns_one_page_size_for_all_its_parents() -> None:
 )
 def test_a_list_path_learns_under_its_route(path: str, expected: str) -> None:
     assert route(path) == expected
+
+
+async def test_a_heavy_pool_of_a_nested_path_learns_under_its_own_name() -> None:
+    """A path given its own heavy pool keeps its page size under the pool's name (its stats)."""
+    path = "customers/7/orders"
+    limits = Limits(heavy={path: Rate(100_000)})
+    kwargs: dict[str, Any] = {"token": "t", "base_url": "https://subs.example", "limits": limits}
+    async with AdminClient(**kwargs, transport=NestedLists(), limiter=Limiter()) as client:
+        for _ in range(2):  # a page cut short twice: the size
+            async for _ in client.list_endpoint(path).list(page_size="max", model=dict).pages():
+                pass
+        assert client.stats.pools[path].page_size == 250
+        assert path in client.export_learned()["pools"]
