@@ -41,6 +41,7 @@ from asyncsubs.stores import (
     PoolLearned,
     RunStarted,
     UnitDone,
+    UnitFailed,
     UnitStarted,
     WebhookCounts,
     load_config,
@@ -373,6 +374,32 @@ def test_later_reconciliations_say_of_a_unit_what_changed() -> None:
         "acme/customers: 4.00 req/s probing (2.00 ran clean)",
     ]
     assert len(said[True]) == 3 * 2 * 3
+
+
+def test_a_later_reconciliation_says_a_unit_recovered_and_a_resumed_run_ended() -> None:
+    progress, out = Progress(), io.StringIO()
+    progress.watch(PlainLines(progress, out, 1.0))
+    stats, unit = PoolStats(), ("acme", "orders")
+    progress(RunStarted(1, (unit,)))
+    progress(UnitStarted(*unit, False, 0, Rate(2)))
+    progress(UnitFailed(*unit, "TransportError: connection refused", stats, None))
+    progress(RunStarted(2, (unit,)))
+    progress(UnitStarted(*unit, False, 0, Rate(2)))
+    progress(UnitDone(*unit, stats, None))  # recovered: said, though nothing was pulled
+    progress(RunStarted(3, (unit,)))
+    progress(UnitStarted(*unit, True, 0, Rate(2)))
+    progress(UnitDone(*unit, stats, None))  # a resumed run's end: said, as its resume was
+    progress(RunStarted(4, (unit,)))
+    progress(UnitStarted(*unit, False, 0, Rate(2)))
+    progress(UnitDone(*unit, stats, None))  # nothing new
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == [
+        "acme/orders: starting",
+        "acme/orders: FAILED: TransportError: connection refused",
+        "acme/orders: done, 0 records in 0 pages (0.0s)",
+        "acme/orders: resuming from its saved cursor",
+        "acme/orders: done, 0 records in 0 pages (0.0s)",
+    ]
 
 
 def test_plain_progress_shows_webhook_counters_when_they_change() -> None:

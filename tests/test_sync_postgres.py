@@ -493,6 +493,8 @@ async def test_workers_killed_long_ago_are_forgotten_at_a_round(pg_url: str) -> 
         await one.join_round([("s1", "orders")])
         holders = {row[0] for row in query(pg_url, "SELECT holder FROM asyncsubs_sync_workers")}
     assert holders == {"one", "alive"}
+    async with PostgresSink(pg_url, holder="patient", lease=10**9) as patient:  # an int, large
+        await patient.join_round([("s1", "orders")])
 
 
 async def test_a_worker_with_a_store_swapped_joins_the_round_open(pg_url: str) -> None:

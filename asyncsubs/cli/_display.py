@@ -142,6 +142,7 @@ class PlainLines:
         self.out = Output(stream=stream)
         self._last_webhooks: WebhookTotals | None = None
         self._learned: dict[str, str] = {}  # each unit's last "learned" line
+        self._ended: dict[str, str] = {}  # how each unit's last run ended ("done", "failed")
 
     def show(self, row: UnitRow | None, said: Said) -> None:
         self.out.write(f"[{time.monotonic() - self.progress.started:7.1f}s] {said.text}")
@@ -152,16 +153,20 @@ class PlainLines:
 
     def _new(self, row: UnitRow | None, said: Said) -> bool:
         """Whether ``said`` tells something new. A service's later runs (``sync --listen``) say
-        of a unit what changed only: its records pulled, what its pool learned anew, a failure;
-        not three lines a unit each time (with ``-v``, every line)."""
+        of a unit what changed only: records pulled, a pace learned anew, a failure and the
+        run that ends it, a resumed run's end; not three lines a unit each time (with ``-v``,
+        every line)."""
         if row is None or self.verbose:
             return True
         if said.event == "learned":
             before, self._learned[row.key] = self._learned.get(row.key), said.text
             return said.text != before
-        if self.progress.runs <= 1:
+        before = self._ended.get(row.key, "done")
+        if said.event in ("done", "failed"):
+            self._ended[row.key] = said.event
+        if self.progress.runs <= 1 or said.event not in ("start", "done"):
             return True
-        return said.event != "start" and (said.event != "done" or row.records > 0)
+        return said.event == "done" and (row.records > 0 or row.resumed or before != "done")
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -448,7 +448,7 @@ class PostgresSink(SQLSink):
             # is not coming back.
             await conn.execute(
                 f"DELETE FROM {WORKERS_TABLE} WHERE seen_at < now()"
-                " - greatest(interval '1 day', make_interval(secs => 3 * %(lease)s))",
+                " - greatest(interval '1 day', make_interval(secs => 3 * %(lease)s::float8))",
                 params,
             )
             # Counted before units new to the table (a store added to the config) are: they
