@@ -150,7 +150,8 @@ def test_a_page_structured_at_once_is_each_record_structured(model: type) -> Non
     structure, structure_all = _converter._OWN_HOOKS[model]
     names = [a.name for a in attrs.fields(model) if a.name != "raw"]
     full = {_converter.camel(n): f"{n}-value" for n in names}
-    records = [full, {"id": 7}, {**full, "status": None, "unknown": [1]}, {}]
+    records = [full, {"id": 7}, {**full, "status": None, "unknown": [1]}, {}] * 10
+    assert len(records) >= _converter._PASSES_FROM  # the page goes in passes, field by field
     page = structure_all(records)
     one_by_one = [structure(r) for r in records]
     assert [attrs.astuple(m, recurse=False) for m in page] == [
