@@ -160,6 +160,9 @@ def test_a_page_structured_at_once_is_each_record_structured(model: type) -> Non
     assert all(m.raw is r for m, r in zip(page, records, strict=True))
     assert getattr(page[0], names[-1]) == f"{names[-1]}-value"
     assert page[1].id == 7
+    spoiled = [*records[:17], ["not", "an", "object"], *records[18:]]
+    with pytest.raises(errors.ProtocolError, match="record 17: TypeError: expected a JSON object"):
+        _converter.structure_records(spoiled, structure, method="GET", path="things")
     assert getattr(page[1], names[-1]) is None
 
 
