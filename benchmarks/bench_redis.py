@@ -188,11 +188,21 @@ class Proxy:
         self._cut = False
         self._call(self._drop_all())  # the unanswered connections fail; clients reconnect
 
-    def close(self) -> None:
-        self._call(self._drop_all())
+    async def _shut(self) -> None:
+        await self._drop_all()
         self._server.close()
+        # Every connection's task ended here: one left pending would end when its coroutine is
+        # collected, after the loop closed, closing its stream on a closed loop.
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        self._call(self._shut())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
 
 # --------------------------------------------------------------------------------------------
