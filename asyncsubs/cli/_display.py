@@ -153,9 +153,10 @@ class PlainLines:
 
     def _new(self, row: UnitRow | None, said: Said) -> bool:
         """Whether ``said`` tells something new. A service's later runs (``sync --listen``) say
-        of a unit what changed only: records pulled, a pace learned anew, a failure and the
-        run that ends it, a resumed run's end; not three lines a unit each time (with ``-v``,
-        every line)."""
+        of a unit what changed only: a pace learned anew, a failure and the run that ends it,
+        a resumed run's end; not three lines a unit each time, the records pulled being said
+        by the run's own line (an incremental pull's overlap brings a record or two back each
+        time). With ``-v``, every line."""
         if row is None or self.verbose:
             return True
         if said.event == "learned":
@@ -166,7 +167,7 @@ class PlainLines:
             self._ended[row.key] = said.event
         if self.progress.runs <= 1 or said.event not in ("start", "done"):
             return True
-        return said.event == "done" and (row.records > 0 or row.resumed or before != "done")
+        return said.event == "done" and (row.resumed or before != "done")
 
     def tick(self) -> None:
         now = time.monotonic()
