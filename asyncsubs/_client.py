@@ -38,7 +38,7 @@ from ._protocol import (
     versioned_base,
     without_secret,
 )
-from ._retry import RetryEvent, pause_after_429, retry_delay, waiting_enabled
+from ._retry import RetryEvent, cancellations, pause_after_429, retry_delay, waiting_enabled
 from ._server_limits import parse_server_limit
 from ._stats import LimiterStats, PoolStats
 from ._telemetry import Call, telemetry_for
@@ -275,7 +275,8 @@ class AdminClient:
 
     async def _page_sizes(self, path: str) -> PageSizeSearch:
         learning = self._bound_limiter().learning
-        return await page_size_search(learning, path, heavy=path in self.limits.heavy)
+        heavy = self.limits.pool_for("GET", path) != "global"
+        return await page_size_search(learning, path, heavy=heavy)
 
     async def request(
         self,
@@ -333,16 +334,13 @@ class AdminClient:
         pool = self.limits.pool_for(method, path)
         started = time.monotonic()
         attempt = 1
-        # A request the task sends while it handles a cancellation (a clean-up) is its own.
-        task = asyncio.current_task()
-        cancelling = 0 if task is None else task.cancelling()
+        cancelling = cancellations()
         with self._telemetry.call(kind, request, pool) as call:
             while True:
                 try:
                     return await self._attempt(request, limiter, pool, parse, attempt, call)
                 except AsyncSubsError as exc:  # anything else (cancellation) is never retried
-                    if task is not None and task.cancelling() > cancelling:
-                        # A cancellation a library below reported as a failure (a timeout).
+                    if cancellations() > cancelling:  # one a library below made a failure
                         raise asyncio.CancelledError from None
                     exc.attempts = attempt
                     if self._closed:  # aclose() ran meanwhile: not retried

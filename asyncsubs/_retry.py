@@ -9,6 +9,7 @@ what it says; everything else a capped exponential backoff with full jitter.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Final
 
@@ -25,7 +26,14 @@ from .errors import (
     TransportError,
 )
 
-__all__ = ["RetryEvent", "pause_after_429", "retry_delay", "set_waiting", "waiting_enabled"]
+__all__ = [
+    "RetryEvent",
+    "cancellations",
+    "pause_after_429",
+    "retry_delay",
+    "set_waiting",
+    "waiting_enabled",
+]
 
 #: The longest pause a Retry-After may put a pool in (seconds); requests fail fast meanwhile.
 MAX_PAUSE: Final = 86_400.0
@@ -34,6 +42,15 @@ MAX_PAUSE: Final = 86_400.0
 # A module global, as stamina's, so that one switch reaches every client in every task and
 # thread of a test process; read only once a request failed or a server said none are left.
 _waiting = True
+
+
+def cancellations() -> int:
+    """The running task's pending cancellations (0 outside a task). A call counts them as it
+    begins and again on a failure: more then, and the failure is a cancellation a library below
+    reported as one (a timeout), never retried. Those it began with are not its own: a task
+    handling its cancellation (``except CancelledError: <clean up>; raise``) may still send."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
 
 
 @attrs.frozen

@@ -81,6 +81,7 @@ from ._calibration import SLOWDOWN_HALF_LIFE
 from ._config import Limits, check_redis_url
 from ._discovery import LEARNED_MAX_AGE, Learned
 from ._limiter import Limiter, MemoryPacing, StoreLimiter
+from ._retry import cancellations
 from .errors import ConfigError, LimiterUnavailableError
 
 try:
@@ -541,8 +542,7 @@ class RedisPacing:
     # -- PacingBackend ---------------------------------------------------------------------------
 
     async def reserve(self, store: str, pool: str, interval: float) -> tuple[float, float]:
-        fraction, task = self.fallback_fraction, asyncio.current_task()
-        cancelling = 0 if task is None else task.cancelling()  # a clean-up's request is its own
+        fraction, cancelling = self.fallback_fraction, cancellations()
         if self._down:
             self._start_probe()
             if fraction is None:
@@ -576,7 +576,7 @@ class RedisPacing:
             failure: Exception | None = exc
         else:
             failure = None
-        if task is not None and task.cancelling() > cancelling:
+        if cancellations() > cancelling:
             # redis-py can spend a cancellation that lands in a command: it reports it as its
             # TimeoutError, or retries the command and brings the reply. The caller is cancelled
             # all the same (a slot claimed is lost, the safe side): no request goes out.
