@@ -855,6 +855,8 @@ async def test_dead_letters_are_requeued_on_start_and_by_the_command(
         purge = ["dead-letters", "--db", str(db), "--store", "acme", "--purge"]
         assert await asyncio.to_thread(main, purge) == 0
         assert "1 deleted" in capsys.readouterr().out
+        assert await asyncio.to_thread(main, [*purge, "--json"]) == 0
+        assert orjson.loads(capsys.readouterr().out)["deleted"] == 0
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("SELECT count(*) FROM webhook_dead_letters").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (0,)
