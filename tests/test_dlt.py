@@ -421,6 +421,21 @@ async def test_deletes_from_webhooks_become_hard_deletes(
     assert set(got) == set(served(server, "subscriptions"))
 
 
+async def test_a_deleted_id_beyond_64_bits_is_deleted_not_a_failure(
+    server: FakeAdminServer, pipeline: dlt.Pipeline, tmp_path: Path
+) -> None:
+    """A delete's id as large as a pulled record's may be: the run that reads it loads it (it
+    failed in extract, and every run after it, the delete read again each time)."""
+    log = DeleteLog(tmp_path / "deletes.db")
+    options: dict[str, Any] = {"resources": ["subscriptions"], "deletes": str(log.path)}
+    await run(pipeline, subscription_service(stores=stores_of(server), **options))
+    log.add("s0", "subscriptions", 2**64 + 5)
+
+    for _ in range(2):
+        await run(pipeline, subscription_service(stores=stores_of(server), **options))
+        assert set(loaded(pipeline, "subscriptions")) == set(served(server, "subscriptions"))
+
+
 async def test_replace_runs_drop_what_the_server_deleted(
     server: FakeAdminServer, pipeline: dlt.Pipeline
 ) -> None:
@@ -794,6 +809,11 @@ def test_stores_from_the_environment_are_a_json_object_and_never_shown() -> None
         ("2026-01-02T09:00:00-05:00", 3600, "2026-01-02T08:00:00-05:00"),  # its own offset
         ("2026-01-02 10:00", 60, "2026-01-02 09:59:00"),  # UTC, as written
         ("2026-01-10", 3600, "2026-01-09"),  # seconds, not days
+        # Nanoseconds (Go), ticks (.NET), RFC 3339's lower case: instants, lagged too.
+        ("2024-01-01T10:00:11.000000001Z", 3600, "2024-01-01T09:00:11Z"),
+        ("2024-11-03T01:30:00.1234567-04:00", 60, "2024-11-03T01:29:00.123456-04:00"),
+        ("2024-01-01t10:00:00z", 60, "2024-01-01T09:59:00Z"),
+        ("2024-01-01 10:00:00.5000001", 60, "2024-01-01 09:59:00.500000"),
         ("0001-01-01T00:00:00Z", 3600, "0001-01-01T00:00:00Z"),  # before the calendar: as is
         (1767355200000, 3600, 1767355196400),  # the field's units
         ("1700000000", 3600, "1699996400"),  # digits stay digits, not a date

@@ -313,6 +313,13 @@ def test_a_version_older_by_the_incremental_field_is_not_yielded_after_a_newer_o
         ("1", "1e131072", False),  # text, against a number: two kinds
         (1e308, 2e308, False),  # inf
         ("", "a", False),  # an empty stamp orders nothing
+        # Nanoseconds and ticks: to the microsecond as instants, then by the digits beyond.
+        ("2024-11-03T01:30:00.0000000-04:00", "2024-11-03T01:10:00.0000000-05:00", True),
+        ("2026-01-01T10:00:00.12345678Z", "2026-01-01T10:00:00.123456789Z", True),
+        ("2026-01-01T10:00:00.123456789Z", "2026-01-01T10:00:00.12345678Z", False),
+        ("2026-01-01T10:00:00.1234567Z", "2026-01-01T10:00:00.123456700Z", False),
+        ("2026-01-01T10:00:00.9999999Z", "2026-01-01T10:00:01Z", True),
+        ("2026-01-01t09:00:00z", "2026-01-01T10:00:00Z", True),  # RFC 3339's lower case
     ],
 )
 def test_older(a: Any, b: Any, is_older: bool) -> None:

@@ -196,9 +196,19 @@ def test_resources_and_store_filters(
     assert len(db_rows(db, "orders", "store-3")) == 61
 
 
+@pytest.mark.parametrize(
+    ("refusal", "said"), [(None, "INVALID_CURSOR"), (404, "NOT_FOUND"), (410, "GONE")]
+)
 def test_rejected_saved_cursor_starts_the_run_over(
-    server: FakeAdminServer, token_env: Mapping[str, str], tmp_path: Path, capsys: Any
+    server: FakeAdminServer,
+    token_env: Mapping[str, str],
+    tmp_path: Path,
+    capsys: Any,
+    refusal: int | None,
+    said: str,
 ) -> None:
+    """A saved cursor the server refuses, as the fake server does (400) or as others may (404,
+    410 Gone), starts the run over once."""
     db = tmp_path / "subs.db"
     config = write_config(tmp_path, server)
     args = ["sync", "--config", str(config), "--db", str(db), "--progress", "plain"]
@@ -208,9 +218,12 @@ def test_rejected_saved_cursor_starts_the_run_over(
             "UPDATE asyncsubs_sync_state SET done = 0, cursor = 'not-a-cursor'"
             " WHERE store = 'store-1' AND resource = 'orders'"
         )
+    if refusal is not None:
+        body = {"success": False, "code": said, "message": "cursor expired", "data": None}
+        server.enqueue(refusal, body, path="orders", store="store-1")
     capsys.readouterr()
     assert main(args) == 0
-    assert "store-1/orders: saved cursor rejected (INVALID_CURSOR); starting over" in (
+    assert f"store-1/orders: saved cursor rejected ({said}); starting over" in (
         capsys.readouterr().err
     )
     assert_exact(db, server)

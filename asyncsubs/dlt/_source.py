@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from decimal import Decimal
@@ -38,7 +39,7 @@ from ..stores import (
 )
 from ..stores import Incremental as IncrementalFilter
 from ._deletes import DELETED_COLUMN, DeleteLog
-from ._records import SEQ_COLUMN, STORE_COLUMN, Served
+from ._records import SEQ_COLUMN, STORE_COLUMN, Served, exact
 from ._session import Pulls, SourceClients
 
 __all__ = ["DEFAULT_LAG", "stores_from_file", "subscription_service"]
@@ -83,7 +84,8 @@ def _resource(
         seq = int(state.get("deletes_seq", 0))
         found = [] if deletes is None else await asyncio.to_thread(deletes.since, seq, path)
         if found:
-            gone = [{STORE_COLUMN: d.store, "id": d.id, DELETED_COLUMN: True} for d in found]
+            # An id beyond 64 bits as pulled records carry one (orjson refuses it as an int).
+            gone = [{STORE_COLUMN: d.store, "id": exact(d.id), DELETED_COLUMN: True} for d in found]
             served.number(gone)
             yield gone
         drop = {(d.store, str(d.id)) for d in found}
@@ -179,6 +181,10 @@ def _resource(
     return dlt.resource(pull, **hints)
 
 
+#: The zone at the end of a timestamp's time (its date, ``-01``, is read before).
+_ZONE: Final = re.compile(r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)$")
+
+
 def _lagged(mark: Any, lag: float) -> Any:
     """The filter's value for a run: ``mark`` less ``lag``, in seconds for a timestamp (in the
     mark's own form: a date, an offset, ``Z``), in the field's units for a number (a string of
@@ -192,15 +198,16 @@ def _lagged(mark: Any, lag: float) -> Any:
         start = value - Decimal(repr(lag))
         return str(start.quantize(1)) if start == start.to_integral_value() else str(start)
     try:
-        start = value - datetime.timedelta(seconds=lag)
+        start = value[0] - datetime.timedelta(seconds=lag)  # to the microsecond: earlier still
     except OverflowError:
         return mark
-    if "T" not in mark and " " not in mark:  # a date: the day the lagged instant falls in
+    written = mark.upper()
+    if "T" not in written and " " not in written:  # a date: the day the lagged instant falls in
         return start.date().isoformat()
-    if datetime.datetime.fromisoformat(mark).tzinfo is None:  # UTC, as it was written
-        return start.replace(tzinfo=None).isoformat(sep="T" if "T" in mark else " ")
+    if not _ZONE.search(written):  # UTC, as it was written
+        return start.replace(tzinfo=None).isoformat(sep="T" if "T" in written else " ")
     text = start.isoformat()
-    return text.removesuffix("+00:00") + "Z" if mark.endswith("Z") else text
+    return text.removesuffix("+00:00") + "Z" if written.endswith("Z") else text
 
 
 def _stores(

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from .. import AdminClient, RetryEvent
-from ..errors import AsyncSubsError, BadRequestError
+from ..errors import APIError, AsyncSubsError, BadRequestError, NotFoundError
 from ..stores import (
     DEFAULT_MAX_STORES,
     Message,
@@ -151,10 +151,12 @@ class SyncEngine:
                     )
                     await self._commit(write, unit)
                     pages += 1
-            except BadRequestError as exc:
-                # A saved cursor the server no longer accepts (expired, a server reset): start
-                # the run over. Upserts make the re-read harmless.
-                if resumed and pages == 0 and not restarted:
+            except APIError as exc:
+                # A saved cursor the server no longer accepts (expired, a server reset; said with
+                # a 400, a 404 or a 410 Gone): start the run over, once. Upserts make the re-read
+                # harmless.
+                refused = isinstance(exc, BadRequestError | NotFoundError) or exc.status == 410
+                if refused and resumed and pages == 0 and not restarted:
                     unit.note(f"saved cursor rejected ({exc.code or exc.status}); starting over")
                     state, restarted = attrs.evolve(state, done=True), True
                     continue
