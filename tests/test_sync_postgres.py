@@ -593,6 +593,30 @@ def test_postgres_password_never_printed(tmp_path: Path, capsys: Any) -> None:
     assert repr(sink_for(url)).count("s3cret") == 0
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://user:s3cret@[::1/db",  # libpq quotes the whole URL
+        "postgresql://user:s3cr%zzet@127.0.0.1:1/db",  # and here the password alone
+        "postgresql://user@127.0.0.1:1/db?password=s3cr%zz&nosuchoption=1",
+    ],
+)
+@pytest.mark.parametrize("command", ["sync-status", "sync"])
+def test_a_url_libpq_cannot_read_is_a_usage_error_without_its_password(
+    tmp_path: Path, capsys: Any, url: str, command: str
+) -> None:
+    """No wait mends it: said at once (exit 2), the password never shown."""
+    config = tmp_path / "stores.toml"
+    config.write_text('[stores.a]\nbase_url = "http://127.0.0.1:1/v1"\ntoken_env = "A_TOKEN"\n')
+    args = ["sync-status"] if command == "sync-status" else ["sync", "--config", str(config)]
+    started = time.monotonic()
+    assert main([*args, "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < DEFAULT_TIMEOUT / 2  # not waited for
+    assert "libpq cannot read it" in err, err
+    assert "s3cr" not in err, err
+
+
 async def test_unreachable_postgres_is_one_line_saying_how_long_it_waited(
     clock: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -32,6 +32,7 @@ from ._sink import (
     DEFAULT_LEASE,
     OLDER,
     STATE_TABLE,
+    DatabaseConfigError,
     DatabaseError,
     DatabaseUnavailable,
     DeadLetters,
@@ -46,6 +47,7 @@ from ._sink import (
 
 try:
     import psycopg
+    from psycopg.conninfo import conninfo_to_dict
     from psycopg.types.json import Jsonb
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -224,11 +226,24 @@ _REFUSED_FOR_GOOD: Final = (
     "no pg_hba.conf entry",
     "permission denied",
     "no password supplied",
+    "connection is bad: invalid",  # libpq's own check of an option's value (sslmode=bogus)
 )
 
 
 def _refused_for_good(exc: psycopg.Error) -> bool:
     return any(words in str(exc) for words in _REFUSED_FOR_GOOD)
+
+
+def _without_secrets(text: str, url: str) -> str:
+    """``text`` (libpq's words, which may quote the URL or a part of it) with the URL's
+    password, in its credentials or a ``password=`` of its query, as ``***``."""
+    credentials = url.partition("://")[2].rpartition("@")[0]
+    query = re.split(r"[?#]", url, maxsplit=1)[1:]
+    secrets = [credentials.partition(":")[2]]
+    secrets += re.findall(r"(?:^|&)password=([^&#]*)", query[0]) if query else []
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 class PostgresSink(SQLSink):
@@ -261,6 +276,11 @@ class PostgresSink(SQLSink):
         self.url = url
         self.timeout = timeout
         self.where = shown_url(url)
+        try:  # what libpq cannot read, no wait mends (its words may quote the password)
+            conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            problem = _without_secrets(" ".join(str(exc).split()), url)
+            raise DatabaseConfigError(f"{self.where}: libpq cannot read it: {problem}") from None
         self.lease = lease
         self.leases = self
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -294,7 +314,7 @@ class PostgresSink(SQLSink):
         return contextlib.nullcontext()  # workers share the database through leases
 
     def _error(self, exc: BaseException) -> DatabaseError:
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = _without_secrets(" ".join(str(exc).split()), self.url) or type(exc).__name__
         if isinstance(exc, PoolTimeout):
             text = f"no connection within {self.timeout:g}s (is the server up and reachable?)"
         # The connection's failures (refused, lost, the server shutting down), not the SQL's.
