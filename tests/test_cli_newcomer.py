@@ -6,6 +6,7 @@ listened), through ``main([...])`` or a child process, as a user runs it.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import signal
@@ -293,3 +294,154 @@ def test_an_interrupted_demo_counts_its_rows_and_its_time(tmp_path: Path) -> Non
         assert int(in_db.replace(",", "")) == rows[f"{store}/{resource}"], text
         assert int(records.replace(",", "")) <= int(in_db.replace(",", ""))
         assert float(time_cell.rstrip("s")) == pytest.approx(elapsed, abs=0.25), text
+
+
+def run_closing(closed: str, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
+    """The command line in a child process with the redirections ``closed`` (e.g. ``>&-``)."""
+    return subprocess.run(
+        ["sh", "-c", f'exec "$@" {closed}', "sh", *COMMAND, *args],
+        capture_output=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])  # uvloop when installed, asyncio's
+def test_a_closed_stdout_or_stderr_loses_only_what_went_there(
+    server: FakeAdminServer, tmp_path: Path, loop: str
+) -> None:
+    """``>&-``: the command still does its work and exits as usual; a socket or file it opens
+    does not take the closed stream's number (uvloop aborts closing one numbered 1 or 2)."""
+    pulled = run_closing(">&-", *pull(server, "orders", "--limit", "2"), ASYNCSUBS_LOOP=loop)
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    assert "2 orders in 1 page" in pulled.stderr.decode()
+    pulled = run_closing("2>&- <&-", *pull(server, "orders", "--limit", "2"), ASYNCSUBS_LOOP=loop)
+    assert pulled.returncode == 0
+    assert [orjson.loads(line) for line in pulled.stdout.splitlines()] == server.records(
+        "acme", "orders"
+    )[:2]
+    db, config = tmp_path / "subs.db", sync_config(tmp_path, server)
+    token = server.store("acme").token
+    args = ["sync", "--config", str(config), "--db", str(db), "--resources", "orders"]
+    synced = run_closing(">&-", *args, "--progress", "plain", ACME_TOKEN=token, ASYNCSUBS_LOOP=loop)
+    assert synced.returncode == 0, synced.stderr.decode()
+    assert "acme/orders: done, 137 records" in synced.stderr.decode()
+    status = run_closing(">&-", "sync-status", "--db", str(db), ASYNCSUBS_LOOP=loop)
+    assert (status.returncode, status.stderr) == (0, b"")
+
+
+def test_a_stream_set_to_none_in_process_writes_nowhere(
+    server: FakeAdminServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main(pull(server, "orders", "--limit", "2", "-o", os.devnull, "--restart")) == 0
+    assert sys.stderr is None  # as it was
+
+
+def non_ascii_store(tmp_path: Path, server: FakeAdminServer, monkeypatch: Any) -> Path:
+    """A database of one sync of a store named "café ☕"."""
+    monkeypatch.setenv("ACME_TOKEN", server.store("acme").token)
+    config, db = tmp_path / "stores.toml", tmp_path / "subs.db"
+    config.write_text(
+        '[defaults.limits]\nheavy = { orders = "1000/s" }\n'
+        f'[stores."café ☕"]\nbase_url = "{server.base_url}"\ntoken_env = "ACME_TOKEN"\n'
+        'resources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    assert main(["sync", "--config", str(config), "--db", str(db), "-q"]) == 0
+    return db
+
+
+def test_tables_and_json_on_a_stdout_that_cannot_say_every_character(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    db = non_ascii_store(tmp_path, server, monkeypatch)
+    for flags, said in [([], rb"caf\xe9 \u2615  orders"), (["--json"], rb'"caf\u00e9 \u2615"')]:
+        stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")  # LC_ALL=C
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["sync-status", "--db", str(db), *flags]) == 0, capsys.readouterr().err
+        assert said in stdout.buffer.getvalue()  # type: ignore[attr-defined]
+        assert stdout.errors == "strict"  # an in-process caller's stream, as it was
+    document = orjson.loads(stdout.buffer.getvalue())  # type: ignore[attr-defined]
+    assert [unit["store"] for unit in document["units"]] == ["café ☕"]  # JSON's own escapes
+
+
+def test_a_summary_stdout_cannot_take_is_one_line(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    db = non_ascii_store(tmp_path, server, monkeypatch)
+    capsys.readouterr()
+    config = tmp_path / "stores.toml"
+    for args in [
+        ["sync-status", "--db", str(db)],
+        ["sync-status", "--db", str(db), "--json"],
+        ["sync", "--config", str(config), "--db", str(db), "--progress", "plain"],
+    ]:
+        full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        monkeypatch.setattr(sys, "stdout", full)
+        try:
+            assert main(args) == 1, args
+        finally:
+            with contextlib.suppress(OSError):  # what the disk did not take, flushed again
+                full.close()
+        lines = capsys.readouterr().err.splitlines()
+        assert "asyncsubs: error: cannot write stdout: No space left on device" in lines
+        assert "internal error" not in "".join(lines)
+
+
+def test_pull_to_a_fifo_nobody_reads_is_a_usage_error_not_a_wait(
+    server: FakeAdminServer, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = len(server.requests)
+    run = subprocess.run(
+        [*COMMAND, *pull(server, "orders", "--limit", "5", "-o", str(fifo))],
+        capture_output=True,
+        timeout=60,  # without a reader, opening it to write waits forever
+        check=False,
+    )
+    assert run.returncode == 2
+    assert run.stderr.decode() == (
+        f"asyncsubs: error: cannot write {fifo}: -o needs a file a rerun can resume (this one "
+        "cannot seek); write to stdout without -o instead\n"
+    )
+    assert len(server.requests) == before
+    assert not PullCheckpoint.path_for(fifo).exists()
+
+
+def test_pull_to_an_empty_file_name_says_the_name_given(
+    server: FakeAdminServer, capsys: Any
+) -> None:
+    assert main(pull(server, "orders", "-o", "", "-q")) == 2
+    assert capsys.readouterr().err == "asyncsubs: error: cannot write '': not a file name\n"
+
+
+def test_pull_interrupted_before_its_first_page_says_so() -> None:
+    """The server accepts the connection and never answers: the first page never comes."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = subprocess.Popen(
+            [*COMMAND, "pull", "orders", "--base-url", url, "--token", "t", "--progress", "plain"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stderr is not None
+            assert proc.stderr.readline().endswith(b"127.0.0.1/orders: starting\n")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert out == b""
+    assert err.decode().splitlines() == [
+        "asyncsubs: interrupted before the first page; nothing written: rerun the same command"
+    ]

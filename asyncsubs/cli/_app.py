@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
+import os
 import re
 import sys
 import traceback
@@ -63,14 +65,57 @@ def _attach_negative_values(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    with _standard_streams():
+        parser = build_parser()
+        try:
+            args = parser.parse_args(
+                _attach_negative_values(sys.argv[1:] if argv is None else argv)
+            )
+        except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        out = Output(json=getattr(args, "log_format", "text") == "json")
+        with _library_logging(args.debug, out, quiet=getattr(args, "quiet", False)):
+            return _run(args.handler, args, out)
+
+
+@contextlib.contextmanager
+def _standard_streams() -> Iterator[None]:
+    """stdin, stdout and stderr as a command needs them, while it runs. One closed (``>&-``) is
+    opened on /dev/null before a socket or file takes its number: records would go into that
+    socket, and uvloop aborts the process as it closes one numbered 1 or 2. A stream Python
+    left None (closed at its start) writes to /dev/null: the command still does its work. And
+    stdout escapes what its encoding cannot say (a store's name on a C locale), as stderr
+    does."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)  # a standard stream: a child process's too
+    saved = sys.stdout, sys.stderr
+    nowhere = None
+    if sys.stdout is None or sys.stderr is None:
+        nowhere = open(os.devnull, "w", errors="backslashreplace")  # noqa: SIM115 - closed below
+        sys.stdout = nowhere if sys.stdout is None else sys.stdout
+        sys.stderr = nowhere if sys.stderr is None else sys.stderr
+    stdout = sys.stdout
+    text = stdout if isinstance(stdout, io.TextIOWrapper) and not stdout.closed else None
+    errors = None if text is None else text.errors
+    if text is not None:
+        with contextlib.suppress(OSError):  # its flush: what a full disk did not take, again
+            text.reconfigure(errors="backslashreplace")
     try:
-        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    out = Output(json=getattr(args, "log_format", "text") == "json")
-    with _library_logging(args.debug, out, quiet=getattr(args, "quiet", False)):
-        return _run(args.handler, args, out)
+        yield
+    finally:
+        if text is not None:
+            with contextlib.suppress(OSError, ValueError):
+                text.reconfigure(errors=errors)
+        sys.stdout, sys.stderr = saved
+        if nowhere is not None:
+            nowhere.close()
 
 
 class _OutputHandler(logging.Handler):

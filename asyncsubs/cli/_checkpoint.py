@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Final
@@ -96,13 +97,28 @@ def _check_belongs(output: Path, saved: PullCheckpoint, pull: Mapping[str, Any])
     )
 
 
+def _cannot_resume(output: Path) -> ConfigError:
+    return ConfigError(
+        f"cannot write {output}: -o needs a file a rerun can resume (this one cannot seek); "
+        "write to stdout without -o instead"
+    )
+
+
 def open_output(
-    output: Path, pull: Mapping[str, Any], *, restart: bool
+    given: str, pull: Mapping[str, Any], *, restart: bool
 ) -> tuple[IO[bytes], PullCheckpoint | None]:
-    """FILE opened to write at the end of its checkpointed prefix, when it has a checkpoint of
-    the pull ``pull`` identifies (a rerun continues), or from the start (none, or ``restart``)."""
+    """FILE (``given``, as on the command line) opened to write at the end of its checkpointed
+    prefix, when it has a checkpoint of the pull ``pull`` identifies (a rerun continues), or
+    from the start (none, or ``restart``)."""
+    output = Path(given)
     if not output.name:  # "", ".", "/": no file, and no name for a checkpoint beside it
-        raise ConfigError(f"cannot write {str(output)!r}: not a file name")
+        raise ConfigError(f"cannot write {given!r}: not a file name")
+    try:
+        fifo = stat.S_ISFIFO(os.stat(output).st_mode)
+    except OSError:  # none yet, or not to be looked at: said when it is opened, below
+        fifo = False
+    if fifo:  # opening it would wait for a reader; a rerun could not resume it anyway
+        raise _cannot_resume(output)
     saved = None if restart else PullCheckpoint.load(output)
     if saved is not None:
         _check_belongs(output, saved, pull)
@@ -134,10 +150,7 @@ def open_output(
         raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
     if not out.seekable():  # a pipe or a terminal: a rerun could not cut it back to whole pages
         out.close()
-        raise ConfigError(
-            f"cannot write {output}: -o needs a file a rerun can resume (this one cannot seek); "
-            "write to stdout without -o instead"
-        )
+        raise _cannot_resume(output)
     if saved is None:
         return out, None
     size = out.seek(0, os.SEEK_END)

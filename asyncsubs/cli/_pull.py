@@ -160,7 +160,9 @@ class Pull:
         self.file: IO[bytes] | None = None
         self.checkpoint: PullCheckpoint | None = None
         if self.path is not None:
-            self.file, self.checkpoint = open_output(self.path, self.identity, restart=args.restart)
+            self.file, self.checkpoint = open_output(
+                args.output, self.identity, restart=args.restart
+            )
         saved = self.checkpoint
         #: Records and pages in the output, those written before resuming included.
         self.records = self.before = 0 if saved is None else saved.records
@@ -275,8 +277,8 @@ class Pull:
         try:
             self.runner.run(self.pull)
         except CommandFailed as exc:
-            if exc.code != 1 and (how := self._how_to_continue()):
-                self.out.note(f"interrupted after {plural(self.records, 'record')}; {how}")
+            if exc.code != 1:  # Ctrl-C or SIGTERM: said even before the first page
+                self.out.note(self._interrupted())
             raise
         except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error of ours
             silence_stdout()
@@ -316,6 +318,15 @@ class Pull:
             return said
         configured = "" if allowed is None else f" (configured: {allowed.per_second:g}/s)"
         return f"{said}: the server allowed about {1 / stats.interval:.2f} requests/s{configured}"
+
+    def _interrupted(self) -> str:
+        """The line of a pull stopped by a signal: what it wrote, and how to go on."""
+        if how := self._how_to_continue():
+            return f"interrupted after {plural(self.records, 'record')}; {how}"
+        if not self.pages:
+            return "interrupted before the first page; nothing written: rerun the same command"
+        written = plural(self.records, "record")
+        return f"interrupted after the last page; {written} written: nothing to continue"
 
     def _how_to_continue(self) -> str | None:
         """How to continue a pull stopped with pages written (None: nothing to continue)."""

@@ -4,8 +4,13 @@ the same figures as one JSON document instead."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import importlib.util
-from collections.abc import Iterable, Sequence
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from ..json import dumps
@@ -13,9 +18,30 @@ from ..json import dumps
 __all__ = ["format_table", "print_json", "print_table", "rich_available"]
 
 
+@contextlib.contextmanager
+def _writing(stream: IO[str]) -> Iterator[None]:
+    """A table or document ``stream`` cannot take (a full disk) ends the command with one line
+    and exit 1, as records ``pull`` cannot write do. A reader gone (BrokenPipeError) is the
+    command line's own case."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        from ._common import CommandFailed  # here: _common imports this module (via _display)
+
+        where = "stdout" if stream is sys.stdout else getattr(stream, "name", "output")
+        raise CommandFailed([f"cannot write {where}: {exc.strerror or exc}"]) from None
+
+
 def print_json(document: Any, *, stream: IO[str]) -> None:
-    stream.write(dumps(document).decode() + "\n")
-    stream.flush()
+    text = dumps(document).decode()
+    if codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name != "utf-8":
+        # Escaped as JSON does (what backslashreplace would make of "é" is not JSON).
+        text = re.sub(r"[^\x00-\x7f]", lambda char: json.dumps(char[0])[1:-1], text)
+    with _writing(stream):
+        stream.write(text + "\n")
+        stream.flush()
 
 
 def rich_available() -> bool:
@@ -50,6 +76,17 @@ def print_table(
     footer: Iterable[str] = (),
 ) -> None:
     """Print a summary table: with rich on a terminal, as plain text otherwise."""
+    with _writing(stream):
+        _print_table(title, headers, rows, stream, footer)
+
+
+def _print_table(
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    stream: IO[str],
+    footer: Iterable[str],
+) -> None:
     plain = format_table(headers, rows)
     if stream.isatty() and rich_available():
         from rich.console import Console
