@@ -35,7 +35,12 @@ def check_redis_url(url: object, *, where: str = "redis") -> str:
     saying of ``where`` what is wrong, never echoing it (it may hold a password)."""
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("expected a redis://, rediss:// or unix:// URL", key=where)
-    parts = urlsplit(url)  # as redis-py reads it
+    try:
+        parts = urlsplit(url)  # as redis-py reads it
+    except ValueError:  # "Invalid IPv6 URL": a "[" or "]" unmatched
+        parts = None
+    if parts is None:  # raised here: no exception of the URL's reading in its context
+        raise ConfigError("the URL's host has a '[' or ']' unmatched", key=where)
     try:
         _ = parts.port  # else it fails at the first request
     except ValueError:  # its message quotes what it took for the port: a password, maybe
@@ -74,6 +79,8 @@ def positive_int(name: str, value: Any) -> int:
 #: The most starts a Rate's window may hold: far above any server's, and what the pacing's
 #: per-window state is sized by.
 MAX_STARTS: Final = 1_000_000
+#: The longest window a Rate may have: a day (quotas over longer spans are not paced).
+MAX_PER: Final = 86_400.0
 
 
 @attrs.frozen
@@ -91,6 +98,8 @@ class Rate:
         if positive_int("Rate.n", self.n) > MAX_STARTS:
             raise ConfigError(f"Rate.n must be at most {MAX_STARTS:,}, got {self.n!r}")
         object.__setattr__(self, "per", positive_number("Rate.per", self.per))
+        if self.per > MAX_PER:
+            raise ConfigError(f"Rate.per must be at most {MAX_PER:,.0f} seconds, got {self.per!r}")
 
     @property
     def interval(self) -> float:

@@ -160,8 +160,8 @@ class StoreLimiter:
         return found
 
     def slot(self, pool: str, *, max_wait: float = math.inf, closed: Closed = None) -> Slot:
-        """A paced start of ``pool``; one that would wait (on a pause) longer than ``max_wait``
-        seconds fails at once with RateLimitError, ``retry_after`` saying how long."""
+        """A paced start of ``pool``; one that would wait on a pause (past its interval) more
+        than ``max_wait`` s fails at once with RateLimitError, ``retry_after`` saying how long."""
         return Slot(self, self._pool(pool), max_wait, closed)
 
     def stats(self) -> LimiterStats:
@@ -267,7 +267,7 @@ class StoreLimiter:
                             raise ConfigError("the client was closed while this request waited")
                         held = (now := loop.time()) < p.pause_until  # this process's view
                         due = p.pause_until if held else await self._reserve(p, now)
-                        if (wait := due - loop.time()) > max_wait:
+                        if (wait := due - loop.time()) > max_wait + (0 if held else p.interval):
                             p.pause_until = max(p.pause_until, due)  # the rest here claim none
                             message = f"store {self.store!r}: the {p.name} pool is paused for"
                             message += f" {wait:.1f}s, longer than RetryPolicy.max_retry_after"

@@ -129,6 +129,7 @@ def test_discovery_is_one_keyword_away_and_fixed_rates_keep_their_meaning() -> N
         (lambda: Limits(discover="yes"), "discover must be a bool"),  # type: ignore[arg-type]
         # Beyond any server; it would overflow the pacing's per-window state.
         (lambda: Rate(10**30), "Rate.n must be at most 1,000,000"),
+        (lambda: Rate(1, per=1e308), "Rate.per must be at most 86,400 seconds"),
         (lambda: parse_rate(f"{10**400}/s"), "a rate needs at most 1,000,000 requests"),
     ],
 )

@@ -12,6 +12,7 @@ import bisect
 import gc
 import itertools
 import logging
+import math
 import random
 import re
 import sys
@@ -561,6 +562,19 @@ async def test_a_wait_longer_than_max_wait_fails_fast(clock: VirtualClock) -> No
     assert sl.stats().pools["global"].waiting == 0
 
 
+async def test_a_slow_pinned_rate_is_paced_not_failed_by_max_wait(clock: VirtualClock) -> None:
+    """A rate of one request per 200 s waits its interval, longer than ``max_wait`` (which is
+    for pauses): each request starts in its turn, none fails."""
+    sl = Limiter().bind("acme", limits(1, 200.0))
+    starts: list[float] = []
+    for _ in range(3):
+        async with sl.slot("global", max_wait=120.0):
+            starts.append(clock.now)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == [pytest.approx(sl.stats().pools["global"].interval)] * 2
+    assert gaps[0] >= 200.0
+
+
 async def test_requests_that_fail_fast_claim_one_slot_between_them(clock: VirtualClock) -> None:
     """Another process paused the store for longer than ``max_wait``: this one's requests fail at
     once, and only the first claims a slot (the backend's answer), so when the pause is near its
@@ -1022,7 +1036,7 @@ async def test_the_default_limiter_shares_a_budget_between_loops(clock: VirtualC
     async def claim() -> None:
         elsewhere.append(there := DEFAULT_LIMITER.bind("acme", limits()))
         try:  # the slot just claimed here is an interval away from the next one there
-            async with there.slot("global", max_wait=0.0):
+            async with there.slot("global", max_wait=-math.inf):  # fails: says the wait
                 waits.append(None)
         except RateLimitError as exc:
             waits.append(exc.retry_after)
@@ -1047,7 +1061,7 @@ async def test_a_loop_new_to_a_store_paces_by_the_spread_measured_in_others(
     async def claim() -> None:
         there = DEFAULT_LIMITER.bind("acme", lim)
         with pytest.raises(RateLimitError):  # an interval away: not waited for
-            async with there.slot("global", max_wait=0.0):
+            async with there.slot("global", max_wait=-math.inf):
                 pass
         paced_by.append(there.stats().pools["global"].paced_by)
 

@@ -1049,6 +1049,16 @@ def test_a_url_redis_py_cannot_read_is_a_config_error_up_front(url: str) -> None
     assert "redis://cache.internal" in shown[0]
 
 
+@pytest.mark.parametrize("url", ["redis://:hunter2@[::1/0", "redis://:hunter2@::1]:6379/0"])
+def test_a_url_with_a_bracket_unmatched_is_a_config_error(url: str) -> None:
+    """urlsplit's ValueError was an internal error (exit 1) on the command line."""
+    for check in (RedisLimiter, check_redis_url):
+        with pytest.raises(ConfigError, match=r"a '\[' or '\]' unmatched") as info:
+            check(url)
+        assert "hunter2" not in str(info.value)
+        assert info.value.__context__ is None
+
+
 async def test_tls_against_a_plain_port_says_so(redis_server: RedisServer) -> None:
     pacing = RedisPacing(redis_server.url.replace("redis://", "rediss://"), timeout=0.3)
     try:

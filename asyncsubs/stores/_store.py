@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from .. import Limits, Rate, RetryPolicy
-from .._config import MAX_STARTS, check_redis_url
+from .._config import MAX_PER, MAX_STARTS, check_redis_url
 from ..errors import ConfigError
 from ..settings import DEFAULT_VERSION, versioned_base
 from ..webhooks import WebhookConfig
@@ -69,7 +69,8 @@ def parse_rate(value: object) -> Rate:
         what = "a whole number of requests >= 1"
         if whole:
             too_many = n > MAX_STARTS  # type: ignore[operator]
-            what = f"at most {MAX_STARTS:,} requests" if too_many else "a period of seconds > 0"
+            what = f"at most {MAX_STARTS:,} requests" if too_many else "a period of seconds"
+            what += "" if too_many else f" > 0 and at most {MAX_PER:,.0f} (a day)"
         raise ConfigError(f"a rate needs {what}, got {value!r}") from None
 
 
