@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -566,6 +567,14 @@ limits = { global = { per = 2.0 } }
 [stores.".."]
 base_url = "https://up.example"
 token_env = "A_TOKEN"
+
+[stores."a\\nb"]
+base_url = "https://up.example"
+token_env = "A_TOKEN"
+
+[stores."x\\u001b[31m"]
+base_url = "https://up.example"
+token_env = "A_TOKEN"
 """,
         encoding="utf-8",
     )
@@ -589,6 +598,8 @@ token_env = "A_TOKEN"
         'stores."c d".base_url: base_url is not a valid URL (check the port, 1-65535, and any '
         "[IPv6] brackets): got 'http://127.0.0.1:notaport'",
         'stores."..": a store id must not be . or ..',
+        'stores."a\\nb": a store id must be printable (no control characters)',
+        'stores."x\\u001b[31m": a store id must be printable (no control characters)',
     )
     # Never the library's internal names.
     assert not re.search(r"Rate\.|Limits\.|RetryPolicy\.", "\n".join(info.value.problems))
@@ -714,6 +725,35 @@ def test_db_urls() -> None:
 def test_a_db_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory; name a database file in it"):
         sink_for(f"sqlite:///{tmp_path}")
+
+
+@pytest.mark.parametrize("url", ["sqlite:///subs.db?mode=ro", "sqlite:///subs.db#x"])
+def test_a_sqlite_url_with_a_query_is_a_usage_error(url: str) -> None:
+    """It was part of the file's name: ``sqlite:///?mode=ro`` synced into a file "?mode=ro"."""
+    with pytest.raises(ConfigError, match=r"names a file and nothing more \(no \?query"):
+        sink_for(url)
+
+
+_NOT_ROOT = "setpriv", "--bounding-set", "-dac_override,-dac_read_search"
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root, and no setpriv"
+)
+def test_a_db_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    """Found before any request (exit 2, as the table of exit codes says), not at the first
+    page's write (exit 1)."""
+    db = tmp_path / "subs.db"
+    db.touch(mode=0o444)
+    config = tmp_path / "stores.toml"
+    config.write_text('[stores.a]\nbase_url = "http://127.0.0.1:1/v1"\ntoken_env = "A_T"\n')
+    command = [sys.executable, "-m", "asyncsubs", "sync", "--config", str(config), "--db", str(db)]
+    as_user = [*_NOT_ROOT, *command] if os.geteuid() == 0 else command  # root writes anything
+    done = subprocess.run(
+        as_user, env={**os.environ, "A_T": "t"}, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"asyncsubs: error: --db: cannot write {db}: permission denied\n"
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")

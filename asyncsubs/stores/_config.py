@@ -13,6 +13,7 @@ each problem once, in the file's order, by its key as written (``stores.a.limits
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -82,8 +83,14 @@ def _at(path: Sequence[str] | Path | str, problem: object) -> ConfigError:
 
 
 def _key_path(path: Sequence[str]) -> str:
-    """A key path as written in the file: ``stores."c d".limits``."""
-    return ".".join(key if _BARE_KEY_RE.match(key) else f'"{key}"' for key in path)
+    """A key path as written in the file: ``stores."c d".limits``; a quoted key's escapes as
+    TOML (and JSON) write them, so that no key breaks the one line it is said in."""
+    return ".".join(key if _BARE_KEY_RE.match(key) else _quoted(key) for key in path)
+
+
+def _quoted(key: str) -> str:
+    text = json.dumps(key, ensure_ascii=False)  # C0 controls, quotes and backslashes escaped
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
 
 
 def _given(table: Any) -> dict[str, Any]:
@@ -633,6 +640,8 @@ def _load(
             problems.append(_at(where, "a store id must not be blank"))
         elif store_id in (".", ".."):  # a webhook URL's segment that clients resolve away
             problems.append(_at(where, "a store id must not be . or .."))
+        elif not store_id.isprintable():  # a line break or an escape would forge log lines
+            problems.append(_at(where, "a store id must be printable (no control characters)"))
         else:
             reader = _StoreReader(store_id, table, defaults, env, problems, table_class)
             config = reader.store(listen_as)

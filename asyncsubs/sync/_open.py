@@ -40,6 +40,10 @@ def _sqlite_path(url: str) -> Path:
         path = url
     elif url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
+        if "?" in path or "#" in path:  # else part of the file's name
+            raise DatabaseConfigError(
+                f"a SQLite URL names a file and nothing more (no ?query or #fragment), got {url!r}"
+            )
     elif url.startswith("sqlite://"):
         rest = url[len("sqlite://") :]
         raise DatabaseConfigError(

@@ -106,6 +106,8 @@ def hold_database(db: Path) -> Iterator[None]:
         return
     if not db.parent.is_dir():
         raise DatabaseConfigError(f"directory {db.parent} does not exist")
+    if db.exists() and not os.access(db, os.R_OK | os.W_OK):  # else found at the first write
+        raise DatabaseConfigError(f"cannot write {db}: permission denied")
     real = db.resolve()  # one lock however the database is named through symlinks
     path = real.with_name(real.name + LOCK_SUFFIX)
     fd = _lock(path, db)
