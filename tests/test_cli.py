@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import os
 import pickle
@@ -1014,6 +1015,164 @@ def test_a_store_never_reached_achieved_no_rate(
     assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db")]) == 1
     out = capsys.readouterr().out
     assert re.search(r"^acme\s+orders\s+failed\s+0\s+0\s+0\s+2\s+- \(20\.00\)\s", out, re.M), out
+
+
+@pytest.mark.parametrize(
+    ("rate_by", "said"),
+    [
+        ("start", "1.00 start"),
+        ("probe", "1.00 probing"),
+        ("429", "1.00 learned"),
+        ("remembered", "1.00 learned"),
+        ("server", "1.00 announced"),
+    ],
+)
+def test_req_s_column_says_how_the_rate_came_to_be_in_a_word(rate_by: str, said: str) -> None:
+    """The live table and the summary alike; a pool still on its starting rate says "start",
+    not the first word of a longer label ("to")."""
+    from asyncsubs.cli._summaries import sync_summary
+
+    progress = Progress()
+    row = progress.add("acme", "orders")
+    row.state, row.started, row.finished, row.pages = "done", 0.0, 2.0, 2
+    row.stats = PoolStats(requests=3, rate=1.0, rate_by=rate_by)  # 2 intervals in 2 s
+    expected = f"1.00 ({said})"
+    assert live_row(row, 2.0)[LIVE_HEADERS.index("req/s (allowed)")] == expected
+    stream = io.StringIO()
+    sync_summary(progress, 2.0, "s.db", stream=stream)
+    (line,) = [x for x in stream.getvalue().splitlines() if x.startswith("acme ")]
+    assert f"  {expected}  " in line, line
+
+
+def test_a_pool_on_its_starting_rate_learned_no_rate(
+    server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """The rate a discovering pool starts at is no finding: neither ``sync``'s ``learned:``
+    lines nor ``pull``'s closing note list it; a page size found is listed alone."""
+    from asyncsubs.cli._progress import learned_text
+    from asyncsubs.cli._summaries import sync_summary
+
+    token = server.store("acme").token
+    pull = ["pull", "orders", "--base-url", server.base_url, "--token", token, "--store", "acme"]
+    assert main([*pull, "-o", str(tmp_path / "o.jsonl"), "--progress", "plain"]) == 0
+    note = capsys.readouterr().err.splitlines()[-1]
+    assert note.startswith("asyncsubs: 137 orders in 1 page (")
+    assert "req/s" not in note, note
+
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", token)
+    assert main(["sync", "--config", str(config), "--db", str(tmp_path / "s.db")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^acme\s+orders\s+done\s.*\(1\.00 start\)", out, re.M), out
+    assert "learned:" not in out
+    assert "to start" not in out
+
+    found = PoolStats(requests=5, rate=1.0, rate_by="start", page_size=100)
+    assert learned_text(found) == "100 records/page"
+    progress = Progress()
+    progress.add("acme", "orders").stats = found
+    progress.add("acme", "customers").stats = PoolStats(requests=2, rate=1.0, rate_by="start")
+    stream = io.StringIO()
+    sync_summary(progress, 1.0, "s.db", stream=stream)
+    learned = [x for x in stream.getvalue().splitlines() if x.startswith("learned:")]
+    assert learned == ["learned: acme/orders: 100 records/page"]
+
+
+class FullStdout(io.StringIO):
+    """A stdout on a disk that fills up once it is handed ``full_at``: that write and every
+    later one fail as a full disk's do (the default: the first)."""
+
+    def __init__(self, full_at: str = "") -> None:
+        super().__init__()
+        self.full_at, self.full = full_at, False
+
+    def write(self, text: str) -> int:
+        self.full = self.full or self.full_at in text
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"), [(KeyboardInterrupt, 130), (asyncio.CancelledError, 143)]
+)
+def test_a_stopped_sync_whose_summary_stdout_cannot_take_exits_as_stopped(
+    server: FakeAdminServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    stop: type[BaseException],
+    code: int,
+) -> None:
+    """Ctrl-C (or SIGTERM: the task cancelled) and then a full stdout: the write failure is one
+    more line, the interruption keeps its exit code and its note."""
+    from asyncsubs.cli import _sync
+
+    async def stopped(engine: Any) -> None:
+        raise stop
+
+    monkeypatch.setattr(_sync, "run_round", stopped)
+    config = tmp_path / "stores.toml"
+    config.write_text(
+        f'[stores.acme]\nbase_url = "{server.base_url}"\ntoken_env = "A"\nresources = ["orders"]\n',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("A", server.store("acme").token)
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    args = ["sync", "--config", str(config), "--db", str(tmp_path / "s.db"), "--progress", "plain"]
+    assert main(args) == code
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        "asyncsubs: error: cannot write stdout: No space left on device",
+        "asyncsubs: interrupted; every committed page is kept: rerun the same command to resume",
+    ]
+
+
+def test_the_summary_event_is_told_when_stdout_cannot_take_the_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncsubs.cli._output import Output
+    from asyncsubs.cli._summaries import summarise
+
+    progress = Progress()
+    progress.add("acme", "orders")
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    stderr = io.StringIO()
+    with pytest.raises(CommandFailed, match="cannot write stdout: No space left on device"):
+        summarise(progress, time.monotonic(), "s.db", Output(json=True, stream=stderr))
+    (event,) = map(orjson.loads, stderr.getvalue().splitlines())
+    assert (event["event"], event["database"]) == ("summary", "s.db")
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_demo_says_a_database_line_stdout_cannot_take_as_a_write_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, interrupted: bool
+) -> None:
+    """The table went out, the ``database:`` line met a full disk: ``cannot write stdout``
+    (exit 1, not an internal error), or after Ctrl-C one more line before the interrupt's."""
+    from asyncsubs.cli import _demo
+
+    if interrupted:
+
+        async def stopped(engine: Any) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_demo, "run_round", stopped)
+    stdout = FullStdout(full_at="database: ")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    args = ["demo", "--stores", "1", "--records", "20", "--db", db, "--progress", "plain"]
+    assert main(args) == (130 if interrupted else 1)
+    assert "asyncsubs demo: records per store and resource" in stdout.getvalue()
+    err = capsys.readouterr().err
+    assert "internal error" not in err
+    tail = ["asyncsubs: error: cannot write stdout: No space left on device"]
+    if interrupted:
+        tail.append("asyncsubs: interrupted; rerun with the same --db to resume")
+    assert err.splitlines()[-len(tail) :] == tail
 
 
 def test_help_says_every_default_and_seconds_alike(capsys: Any) -> None:

@@ -12,6 +12,7 @@ import math
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +37,7 @@ from asyncsubs.testing import (
     serve_in_thread,
 )
 from asyncsubs.testing._data import RESOURCES
+from asyncsubs.testing._ports import free_port
 
 TOKEN_HEADER = "X-Service-Token"
 
@@ -1120,6 +1122,44 @@ def test_a_process_server_ends_when_its_parent_dies() -> None:
         assert ended
     finally:
         os.close(exited)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"]
+)
+def test_a_signal_while_the_cli_server_makes_its_records_stops_it_at_once(
+    sig: signal.Signals, code: int
+) -> None:
+    """``asyncsubs fake-server`` listens, then makes its records (600,000 here: seconds) before
+    it prints how to use it: Ctrl-C or SIGTERM meanwhile ends it then, with no usage printed,
+    as an interrupted command (130, 143)."""
+    port = free_port()
+    command = [sys.executable, "-m", "asyncsubs", "fake-server", "--port", str(port)]
+    command += ["--stores", "4", "--records", "50000", "--no-rate-limits"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while not _listening(port):  # it listens, then makes the records
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            sent = time.monotonic()
+            out, err = proc.communicate(timeout=30)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert (proc.returncode, out, err) == (code, "", "asyncsubs: interrupted before it served\n")
+    assert took < 2
 
 
 def test_make_records_makes_every_stores_records_and_freezes_them() -> None:

@@ -24,10 +24,18 @@ from ..errors import ConfigError
 from ..limiting import PoolStats
 from ..stores import DEFAULT_PAGE_SIZE, RESOURCES, Store
 from ..sync import Sink, SyncEngine, run_round, sink_for
-from ._common import USER_AGENT, CommandFailed, Runner, non_negative_int, positive_int
+from ._common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    USER_AGENT,
+    CommandFailed,
+    Runner,
+    non_negative_int,
+    positive_int,
+)
 from ._output import Output
 from ._progress import Progress, cells, plural
-from ._tables import print_table
+from ._tables import _writing, print_table
 
 if TYPE_CHECKING:
     from ..testing import RemoteFakeServer
@@ -208,17 +216,24 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
         except CommandFailed as exc:
             stopped = exc
         # Not after an error that stopped the demo (a bad --db): its line says it all.
+        written = True
         if not args.quiet:
             reports, elapsed = _server_reports(server, stores), time.monotonic() - started
-            _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
             where = "a temporary file, now deleted" if args.db is None else f"kept at {sink.where}"
-            sys.stdout.write(f"database: {where}\n")
-            sys.stdout.flush()
+            try:
+                _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
+                with _writing(sys.stdout):
+                    sys.stdout.write(f"database: {where}\n")
+                    sys.stdout.flush()
+            except CommandFailed as unwritten:  # a full stdout: said here; Ctrl-C keeps its code
+                for line in unwritten.lines:
+                    out.error(line)
+                written = False
         if stopped is not None:
             out.note("interrupted" + ("; rerun with the same --db to resume" if args.db else ""))
             raise stopped
     runner.raise_failures()
-    return 0
+    return EXIT_OK if written else EXIT_FAILURE
 
 
 def _server_reports(

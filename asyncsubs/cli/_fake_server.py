@@ -4,12 +4,20 @@ paste to use it: each store's token, a ``pull`` command and a ``stores.toml`` fo
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigError
 from ..settings import is_loopback
-from ._common import non_negative_float, non_negative_int, port, positive_int
+from ._common import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_int,
+)
 from ._output import Output
 
 if TYPE_CHECKING:
@@ -124,15 +132,18 @@ def cmd_fake_server(args: argparse.Namespace, out: Output) -> int:
     from ..testing import ServerRateLimits, serve_forever
 
     limits = None if args.no_rate_limits else ServerRateLimits()
+    served = False
 
     def ready(server: FakeAdminServer) -> None:
-        server.make_records()
+        nonlocal served
+        served = True
         sys.stdout.write("\n".join(_usage(server, limits)))
         sys.stdout.flush()
 
     try:
-        serve_forever(
+        stopped_by = serve_forever(
             ready=ready,
+            make_records=True,
             stores=args.stores,
             records=args.records,
             seed=args.seed,
@@ -142,7 +153,11 @@ def cmd_fake_server(args: argparse.Namespace, out: Output) -> int:
             rate_limits=limits,
         )
     except KeyboardInterrupt:
-        return 0
+        stopped_by = signal.SIGINT
     except OSError as exc:  # an address that cannot be bound is a usage error, as for --listen
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
-    return 0
+    if served or stopped_by is None:  # Ctrl-C is how a server that served ends: done
+        return 0
+    # Stopped while it made its records, before it printed how to use it: nothing was served.
+    out.note("interrupted before it served")
+    return EXIT_TERMINATED if stopped_by == signal.SIGTERM else EXIT_INTERRUPTED

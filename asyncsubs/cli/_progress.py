@@ -110,19 +110,29 @@ class UnitRow:
         return figures | {name: value for name, value in optional.items() if value is not None}
 
 
-#: How a pool's rate came to be, as the displays say it (a configured one needs no word).
+#: How a pool's rate came to be, as the lines of what was learned say it: a configured rate
+#: needs no word, and the rate a discovering pool starts at ("start") is nothing found.
 _RATE_BY: Final = {
-    "start": "to start",
     "probe": "probing",
     "429": "learned",
     "remembered": "learned before",
     "server": "announced",
 }
 
+#: The same, in one word, in the ``req/s (allowed)`` column (``0.90 (1.00 start)``).
+_RATE_CELL: Final = {
+    "start": "start",
+    "probe": "probing",
+    "429": "learned",
+    "remembered": "learned",
+    "server": "announced",
+}
+
 
 def learned_text(stats: PoolStats) -> str:
-    """What a pool knows of the server's limits: ``4.90 req/s learned, 500 records/page``,
-    ``4.00 req/s probing (2.00 ran clean)``; empty for a fixed rate and no page size learned."""
+    """What a pool found of the server's limits: ``4.90 req/s learned, 500 records/page``,
+    ``4.00 req/s probing (2.00 ran clean)``; empty for a fixed rate or the starting one, and no
+    page size learned."""
     parts = []
     how = _RATE_BY.get(stats.rate_by)
     if how is not None and stats.rate:
@@ -137,13 +147,14 @@ def learned_text(stats: PoolStats) -> str:
 
 
 def _allowed(row: UnitRow, now: float) -> str:
-    """Requests per second achieved, and the pool's rate in force: configured, announced or
-    learned (``1.96 (2.00 learned)``). Attempts that never brought a page back are no pace
+    """Requests per second achieved, and the pool's rate in force: configured, announced,
+    learned, probing or the one a discovering pool starts at (``1.96 (2.00 learned)``,
+    ``0.90 (1.00 start)``). Attempts that never brought a page back are no pace
     (``- (2.00)``)."""
     achieved = f"{row.request_rate(now):.2f}" if row.pages else "-"
     stats, allowed = row.stats, row.allowed
     if stats.rate and stats.rate_by != "configured":
-        how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
+        how = _RATE_CELL.get(stats.rate_by, stats.rate_by)
         return f"{achieved} ({stats.rate:.2f} {how})"
     return f"{achieved} ({allowed.per_second:.2f})" if allowed else achieved
 

@@ -129,7 +129,9 @@ def sync_summary(
     footer = [
         f"{done} (rows: this store's rows in the table; requests/429s/retries: the "
         "resource's pool; req/s: requests per second achieved, and the pool's rate: "
-        "configured, announced by the server, or learned; page: records per page)",
+        "configured, announced by the server, learned, probing (a raise not tried yet) or "
+        "start (the rate a pool finding its own starts at); page: records per page)",
+        # Only what was found: a pool still on its starting rate has learned nothing yet.
         *(f"learned: {key}: {said}" for key, said in learned if said),
         *([progress.idle] if progress.idle else []),
     ]
@@ -189,9 +191,12 @@ def summarise(
     progress: Progress, started: float, where: str, out: Output, *, runs: int | None = None
 ) -> None:
     """The tables on stdout (the webhooks' too with ``runs``: ``sync --listen``), and their
-    figures as the last JSON event: taken once the command stopped, so nothing is missing."""
+    figures as the last JSON event: taken once the command stopped, so nothing is missing.
+    The event is told even when stdout cannot take the tables (``CommandFailed``: a full disk)."""
     elapsed = time.monotonic() - started
-    sync_summary(progress, elapsed, where, stream=sys.stdout, runs=runs)
-    if runs is not None:
-        webhook_summary(progress, stream=sys.stdout)
-    out.event("summary", **summary_fields(progress, elapsed, where, runs=runs))
+    try:
+        sync_summary(progress, elapsed, where, stream=sys.stdout, runs=runs)
+        if runs is not None:
+            webhook_summary(progress, stream=sys.stdout)
+    finally:
+        out.event("summary", **summary_fields(progress, elapsed, where, runs=runs))

@@ -32,7 +32,9 @@ from ..sync import (
 )
 from ._common import (
     CONFIG_FLAGS,
+    EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_TERMINATED,
     USER_AGENT,
     CommandFailed,
@@ -234,13 +236,26 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
     drivers = (
         contextlib.nullcontext() if args.debug else logging_to("psycopg", logging.NullHandler())
     )
+
+    def summary(runs: int | None = None) -> bool:
+        """The summary on stdout, unless --quiet; False when stdout could not take it (a full
+        disk): its line is said then, and what stopped the sync (Ctrl-C, SIGTERM, a failed
+        unit) keeps its own lines and exit code after it."""
+        if args.quiet:
+            return True
+        try:
+            summarise(runner.progress, started, sink.where, out, runs=runs)
+        except CommandFailed as unwritten:
+            for line in unwritten.lines:
+                out.error(line)
+            return False
+        return True
+
     with sink.lock(), drivers:
         try:
             runner.run(listen if listening else sync)
         except CommandFailed as exc:
-            if not args.quiet:
-                runs = runner.progress.runs if listening else None
-                summarise(runner.progress, started, sink.where, out, runs=runs)
+            summary(runner.progress.runs if listening else None)
             if exc.code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
                 out.note(
                     "stopped; accepted webhooks not applied yet are kept in webhook_inbox and "
@@ -250,7 +265,6 @@ def cmd_sync(args: argparse.Namespace, out: Output) -> int:
                     "resume"
                 )
             raise
-    if not args.quiet:
-        summarise(runner.progress, started, sink.where, out)
+    written = summary()
     runner.raise_failures()
-    return 0
+    return EXIT_OK if written else EXIT_FAILURE

@@ -13,20 +13,24 @@ import multiprocessing
 import queue
 import signal
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
 
+from ._data import RESOURCES
 from ._limits import StoreStats
 from ._server import FakeAdminServer
 
 __all__ = ["RemoteFakeServer", "run_in_process", "serve", "serve_forever"]
+
+_T = TypeVar("_T")
 
 
 async def serve(
@@ -34,29 +38,64 @@ async def serve(
     ready: Callable[[FakeAdminServer], None] | None = None,
     stop: asyncio.Event | None = None,
     signals: Collection[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+    make_records: bool = False,
     **server_kwargs: Any,
-) -> None:
+) -> signal.Signals | None:
     """Run a ``FakeAdminServer(**server_kwargs)`` until ``stop`` is set or one of ``signals``
-    arrives (handled only in the main thread).
+    arrives (handled only in the main thread); returns that signal (None: ``stop`` was set).
 
-    ``ready(server)`` is called once it listens (e.g. to print ``server.base_url``/tokens).
+    ``ready(server)`` is called once it listens (e.g. to print ``server.base_url``/tokens) and,
+    with ``make_records``, once every store's records are made (``server.make_records()``, in
+    slices that leave the loop a turn: a signal meanwhile stops it, without ``ready``).
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    received: list[signal.Signals] = []
+
+    def stop_on(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     installed = []
     if threading.current_thread() is threading.main_thread():
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, stop_on, sig)
                 installed.append(sig)
     try:
         async with FakeAdminServer(**server_kwargs) as server:
-            if ready is not None:
-                ready(server)
-            await stop.wait()
+            if not make_records or await _make_records(server, stop):
+                if ready is not None:
+                    ready(server)
+                await stop.wait()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+    return received[0] if received else None
+
+
+#: How long making records holds the loop at a time (``serve(make_records=True)``).
+_SLICE = 0.05
+
+
+async def _make_records(server: FakeAdminServer, stop: asyncio.Event) -> bool:
+    """``server.make_records()``, giving the loop a turn every ``_SLICE`` seconds: millions of
+    records take seconds to make, and a signal is only handled on the loop's turn. False when
+    ``stop`` is set meanwhile."""
+    turn = time.monotonic() + _SLICE
+    for store in server.stores.values():
+        for resource in RESOURCES:
+            records = store.data[resource]
+            for position in range(len(records)):
+                records.encoded_at(position)
+                if time.monotonic() >= turn:
+                    await asyncio.sleep(0)
+                    if stop.is_set():
+                        return False
+                    turn = time.monotonic() + _SLICE
+    server.make_records()  # every record made: what is left is its collection and freeze
+    await asyncio.sleep(0)
+    return not stop.is_set()
 
 
 @contextlib.contextmanager
@@ -97,20 +136,22 @@ def serve_forever(
     *,
     ready: Callable[[FakeAdminServer], None] | None = None,
     use_uvloop: bool = False,
-    **server_kwargs: Any,
-) -> None:
-    """Blocking ``serve``: a fresh event loop (uvloop if asked and installed) until a signal."""
-    _run(serve(ready=ready, **server_kwargs), use_uvloop=use_uvloop)
+    **serve_kwargs: Any,
+) -> signal.Signals | None:
+    """Blocking ``serve``: a fresh event loop (uvloop if asked and installed) until a signal,
+    which it returns."""
+    return _run(serve(ready=ready, **serve_kwargs), use_uvloop=use_uvloop)
 
 
-def _run(main: Coroutine[Any, Any, None], *, use_uvloop: bool) -> None:
+def _run(main: Coroutine[Any, Any, _T], *, use_uvloop: bool) -> _T:
     runner: Callable[..., Any] = asyncio.run
     if use_uvloop:
         with contextlib.suppress(ImportError):
             import uvloop
 
             runner = uvloop.run
-    runner(main)
+    result: _T = runner(main)
+    return result
 
 
 #: How often the server process moves what it holds out of the cyclic GC's reach.
@@ -138,8 +179,6 @@ def _child(
     background: set[asyncio.Task[None]] = set()
 
     def ready(server: FakeAdminServer) -> None:
-        if make_records:
-            server.make_records()
         background.add(asyncio.get_running_loop().create_task(_freeze_survivors()))
         conn.send(("ok", server.base_url, server.version, server.tokens))
 
@@ -156,7 +195,13 @@ def _child(
 
             with contextlib.suppress(NotImplementedError):  # a loop without add_reader
                 loop.add_reader(sentinel, parent_gone)
-        await serve(ready=ready, stop=stop, signals=(signal.SIGTERM,), **server_kwargs)
+        await serve(
+            ready=ready,
+            stop=stop,
+            signals=(signal.SIGTERM,),
+            make_records=make_records,
+            **server_kwargs,
+        )
 
     # Ctrl-C in a terminal reaches every process of the foreground group, this one too. It is the
     # parent's to handle, and the parent stops this process (RemoteFakeServer.stop) when it is
