@@ -19,7 +19,15 @@ from typing import Any, Final, NoReturn
 from ..errors import ConfigError
 from ..stores import parse_rate
 from ._display import DEFAULT_INTERVAL, Mode, choose_mode, show_progress
-from ._output import Output
+from ._output import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    CommandFailed,
+    Output,
+)
 from ._progress import Progress
 
 __all__ = [
@@ -50,24 +58,6 @@ USER_AGENT: Final = "asyncsubs-cli"
 
 #: The flags that set ``load_config``'s parameters, to name them in its messages.
 CONFIG_FLAGS: Final = {"resources": "--resources", "only_stores": "--store", "listen": "--listen"}
-
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_INTERRUPTED: Final = 130
-EXIT_TERMINATED: Final = 143
-
-
-class CommandFailed(Exception):
-    """A command failed in a way already described by ``lines``; exit with ``code``."""
-
-    def __init__(self, lines: Sequence[str], code: int = EXIT_FAILURE) -> None:
-        super().__init__(tuple(lines), code)  # its arguments, so that it pickles
-        self.lines = tuple(lines)
-        self.code = code
-
-    def __str__(self) -> str:
-        return "; ".join(self.lines)
 
 
 # -- arguments -------------------------------------------------------------------------------

@@ -10,14 +10,45 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any, Final
 
 from ..json import dumps
 
-__all__ = ["JsonLogFormatter", "Output", "PROG", "json_line", "logging_to", "silence_stdout"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "PROG",
+    "CommandFailed",
+    "JsonLogFormatter",
+    "Output",
+    "json_line",
+    "logging_to",
+    "silence_stdout",
+]
 
 PROG: Final = "asyncsubs"
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+EXIT_TERMINATED: Final = 143
+
+
+class CommandFailed(Exception):
+    """A command failed in a way already described by ``lines``; exit with ``code``."""
+
+    def __init__(self, lines: Sequence[str], code: int = EXIT_FAILURE) -> None:
+        super().__init__(tuple(lines), code)  # its arguments, so that it pickles
+        self.lines = tuple(lines)
+        self.code = code
+
+    def __str__(self) -> str:
+        return "; ".join(self.lines)
 
 
 def json_line(level: str, event: str, **fields: Any) -> str:

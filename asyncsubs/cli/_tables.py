@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from ..json import dumps
+from ._output import CommandFailed
 
 __all__ = ["format_table", "print_json", "print_table", "rich_available"]
 
@@ -28,8 +29,6 @@ def _writing(stream: IO[str]) -> Iterator[None]:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        from ._common import CommandFailed  # here: _common imports this module (via _display)
-
         where = "stdout" if stream is sys.stdout else getattr(stream, "name", "output")
         raise CommandFailed([f"cannot write {where}: {exc.strerror or exc}"]) from None
 
