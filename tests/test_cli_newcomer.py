@@ -242,6 +242,17 @@ def test_dead_letters_of_a_database_that_never_listened(
     assert "webhook_dead_letters" not in tables  # reading made nothing
 
 
+@contextlib.contextmanager
+def ended(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc``, killed on leaving if it has not ended by then (a test that failed first)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_config_problems_of_the_defaults_are_said_once_and_where_they_belong(
     server: FakeAdminServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
@@ -273,14 +284,10 @@ def test_an_interrupted_demo_counts_its_rows_and_its_time(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    try:
+    with ended(proc):
         wait_for_progress(db, proc, 1500)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err.decode()
     text = out.decode()
     with contextlib.closing(sqlite3.connect(db)) as conn:
@@ -431,15 +438,11 @@ def test_pull_interrupted_before_its_first_page_says_so() -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        try:
+        with ended(proc):
             assert proc.stderr is not None
             assert proc.stderr.readline().endswith(b"127.0.0.1/orders: starting\n")
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert proc.returncode == 130, err.decode()
     assert out == b""
     assert err.decode().splitlines() == [
