@@ -756,6 +756,33 @@ def test_a_db_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
     assert done.stderr == f"asyncsubs: error: --db: cannot write {db}: permission denied\n"
 
 
+@pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root, and no setpriv"
+)
+def test_sync_status_in_a_read_only_directory_says_what_sqlite_needs(tmp_path: Path) -> None:
+    """A WAL database is read through a -shm file SQLite makes beside it: in a directory that
+    cannot be written, the error says so rather than "attempt to write" alone."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "subs.db"
+    asyncio.run(_made(db))
+    folder.chmod(0o555)
+    command = [sys.executable, "-m", "asyncsubs", "sync-status", "--db", str(db)]
+    as_user = [*_NOT_ROOT, *command] if os.geteuid() == 0 else command
+    try:
+        done = subprocess.run(as_user, capture_output=True, text=True, timeout=60)
+    finally:
+        folder.chmod(0o755)
+    assert done.returncode == 1, done.stderr
+    assert f"{folder} must be writable)" in done.stderr, done.stderr
+
+
+async def _made(db: Path) -> None:
+    sink = SQLiteSink(db)
+    await sink.open()
+    await sink.aclose()
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 def test_a_db_that_is_a_device_fails_before_anything_is_created(
     tmp_path: Path, capsys: Any

@@ -286,7 +286,11 @@ class SQLiteSink(SQLSink):
         try:
             return await asyncio.to_thread(read)
         except sqlite3.Error as exc:
-            raise DatabaseError(f"database {self.path}: {exc}") from None
+            hint = ""
+            if not os.access(self.path.parent, os.W_OK):  # read-only: SQLite cannot make -shm
+                hint = " (SQLite reads a WAL database through a file it makes beside it:"
+                hint += f" {self.path.parent} must be writable)"
+            raise DatabaseError(f"database {self.path}: {exc}{hint}") from None
 
     async def webhook_stores(self) -> tuple[Inbox, DeadLetters]:
         if self._webhook_stores is None:
