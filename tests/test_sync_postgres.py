@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -34,7 +35,7 @@ from test_sync import RESOURCES, STORES, env_name, write_config
 from virtual_clock import VirtualClock
 
 from asyncsubs.__main__ import main
-from asyncsubs._versions import older
+from asyncsubs._versions import older, older_sql
 from asyncsubs.cli._progress import Progress
 from asyncsubs.cli._status import cmd_sync_status
 from asyncsubs.cli._summaries import sync_summary
@@ -228,6 +229,36 @@ async def test_both_sinks_order_versions_by_the_one_rule(sink_url: str) -> None:
             assert replaced is not older(new, stored), (new, stored)
     finally:
         await sink.aclose()
+
+
+def _random_stamp(rng: random.Random) -> str:
+    """A timestamp-like text: a date, a time of any precision, any zone; some not instants."""
+    text = f"{rng.choice(['2024', '0001', '9999'])}-{rng.choice(['01', '11', '13'])}-"
+    text += rng.choice(["01", "03", "31"])
+    if rng.random() < 0.9:
+        text += rng.choice("Tt ") + rng.choice(["00", "01", "23", "24"]) + ":"
+        text += rng.choice(["00", "59"]) + ":" + rng.choice(["00", "05", "60"])
+        if rng.random() < 0.8:
+            text += "." + "".join(rng.choices("0123456789", k=rng.choice([1, 6, 7, 9, 30])))
+        text += rng.choice(["", "Z", "z", "+00:00", "-05:00", "+0530", "+15:59", "+16:00", "-04"])
+    return text
+
+
+def test_postgresql_orders_any_two_stamps_as_python_does(pg_url: str) -> None:
+    """``older_sql`` against ``older`` on random stamps, half of them pairs equal to the
+    microsecond that differ beyond it (where PostgreSQL alone would round)."""
+    rng = random.Random(7)
+    pairs = [(_random_stamp(rng), _random_stamp(rng)) for _ in range(300)]
+    for a, _ in pairs[:300]:
+        head, dot, fraction = a.partition(".")
+        if dot and fraction[:6].isdigit():
+            b = f"{head}.{fraction[:6]}{rng.randint(0, 999)}{fraction.lstrip('0123456789')}"
+            pairs += [(a, b), (b, a)]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(older_sql("older_checked"))
+        for a, b in pairs:
+            row = conn.execute("SELECT older_checked(%s, %s)", (a, b)).fetchone()
+            assert row == (older(a, b),), (a, b)
 
 
 async def test_both_sinks_keep_the_newer_or_equal_of_an_id_a_page_repeats(sink_url: str) -> None:
