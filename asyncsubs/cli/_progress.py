@@ -119,15 +119,6 @@ _RATE_BY: Final = {
     "server": "announced",
 }
 
-#: The same, in one word, in the ``req/s (allowed)`` column (``0.90 (1.00 start)``).
-_RATE_CELL: Final = {
-    "start": "start",
-    "probe": "probing",
-    "429": "learned",
-    "remembered": "learned",
-    "server": "announced",
-}
-
 
 def learned_text(stats: PoolStats) -> str:
     """What a pool found of the server's limits: ``4.90 req/s learned, 500 records/page``,
@@ -154,7 +145,8 @@ def _allowed(row: UnitRow, now: float) -> str:
     achieved = f"{row.request_rate(now):.2f}" if row.pages else "-"
     stats, allowed = row.stats, row.allowed
     if stats.rate and stats.rate_by != "configured":
-        how = _RATE_CELL.get(stats.rate_by, stats.rate_by)
+        # In one word: "learned" for "learned before"; "start" for the rate a pool starts at.
+        how = _RATE_BY.get(stats.rate_by, stats.rate_by).split()[0]
         return f"{achieved} ({stats.rate:.2f} {how})"
     return f"{achieved} ({allowed.per_second:.2f})" if allowed else achieved
 
