@@ -35,7 +35,7 @@ from ._common import (
 )
 from ._output import Output
 from ._progress import Progress, cells, plural
-from ._tables import _writing, print_table
+from ._tables import print_table, writing_to
 
 if TYPE_CHECKING:
     from ..testing import RemoteFakeServer
@@ -222,7 +222,7 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
             where = "a temporary file, now deleted" if args.db is None else f"kept at {sink.where}"
             try:
                 _summary(stores, runner.progress, reports, elapsed, started - launched, remembered)
-                with _writing(sys.stdout):
+                with writing_to(sys.stdout):
                     sys.stdout.write(f"database: {where}\n")
                     sys.stdout.flush()
             except CommandFailed as unwritten:  # a full stdout: said here; Ctrl-C keeps its code

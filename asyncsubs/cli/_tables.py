@@ -16,11 +16,11 @@ from typing import IO, Any
 from ..json import dumps
 from ._output import CommandFailed
 
-__all__ = ["format_table", "print_json", "print_table", "rich_available"]
+__all__ = ["format_table", "print_json", "print_table", "rich_available", "writing_to"]
 
 
 @contextlib.contextmanager
-def _writing(stream: IO[str]) -> Iterator[None]:
+def writing_to(stream: IO[str]) -> Iterator[None]:
     """A table or document ``stream`` cannot take (a full disk) ends the command with one line
     and exit 1, as records ``pull`` cannot write do. A reader gone (BrokenPipeError) is the
     command line's own case."""
@@ -38,7 +38,7 @@ def print_json(document: Any, *, stream: IO[str]) -> None:
     if codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name != "utf-8":
         # Escaped as JSON does (what backslashreplace would make of "é" is not JSON).
         text = re.sub(r"[^\x00-\x7f]", lambda char: json.dumps(char[0])[1:-1], text)
-    with _writing(stream):
+    with writing_to(stream):
         stream.write(text + "\n")
         stream.flush()
 
@@ -75,7 +75,7 @@ def print_table(
     footer: Iterable[str] = (),
 ) -> None:
     """Print a summary table: with rich on a terminal, as plain text otherwise."""
-    with _writing(stream):
+    with writing_to(stream):
         _print_table(title, headers, rows, stream, footer)
 
 
