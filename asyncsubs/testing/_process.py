@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 import attrs
 import orjson
 
-from ._data import RESOURCES
 from ._limits import StoreStats
 from ._server import FakeAdminServer
 
@@ -83,17 +82,12 @@ async def _make_records(server: FakeAdminServer, stop: asyncio.Event) -> bool:
     records take seconds to make, and a signal is only handled on the loop's turn. False when
     ``stop`` is set meanwhile."""
     turn = time.monotonic() + _SLICE
-    for store in server.stores.values():
-        for resource in RESOURCES:
-            records = store.data[resource]
-            for position in range(len(records)):
-                records.encoded_at(position)
-                if time.monotonic() >= turn:
-                    await asyncio.sleep(0)
-                    if stop.is_set():
-                        return False
-                    turn = time.monotonic() + _SLICE
-    server.make_records()  # every record made: what is left is its collection and freeze
+    for _ in server._making_records():
+        if time.monotonic() >= turn:
+            await asyncio.sleep(0)
+            if stop.is_set():
+                return False
+            turn = time.monotonic() + _SLICE
     await asyncio.sleep(0)
     return not stop.is_set()
 

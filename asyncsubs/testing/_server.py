@@ -25,7 +25,7 @@ import hashlib
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -423,11 +423,18 @@ class FakeAdminServer:
         hundreds of thousands of them would stall the server's loop for tens of milliseconds.
         ``gc.freeze()`` holds for the whole process: call it where the server has one to itself.
         """
+        for _ in self._making_records():
+            pass
+
+    def _making_records(self) -> Iterator[None]:
+        """``make_records`` a record at a time, yielding after each: a caller in the event loop
+        gives it a turn now and then (``testing._process``: a signal is handled meanwhile)."""
         for store in self._stores.values():
             for resource in RESOURCES:
                 records = store.data[resource]
                 for position in range(len(records)):
                     records.encoded_at(position)
+                    yield
         gc.collect()
         gc.freeze()
 
